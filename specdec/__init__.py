@@ -1,0 +1,11 @@
+"""specdec: lossless tree speculative decoding with Medusa heads for HF causal LMs."""
+from .api import GenerationResult, Loaded, generate, load
+from .draft_tree import PRESETS, Tree, build_tree
+from .engine import Engine
+from .events import EmittedToken, RoundEvent, TreeNode
+from .heads import HeadsConfig, MedusaHeads
+from .sampler import SamplingParams
+
+__all__ = ["load", "generate", "Loaded", "GenerationResult", "Engine", "SamplingParams", "RoundEvent",
+           "TreeNode", "EmittedToken", "MedusaHeads", "HeadsConfig", "Tree", "build_tree", "PRESETS"]
+__version__ = "0.1.0"

@@ -1,0 +1,155 @@
+"""Public API: `load` a model with its heads, `generate` with it."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .engine import Engine
+from .events import RoundEvent
+from .heads import MedusaHeads, load_heads, random_heads
+from .sampler import SamplingParams
+from .target import TargetModel
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+DEFAULT_MODEL = ASSETS / "model"
+DEFAULT_HEADS = ASSETS / "heads"
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class Loaded:
+    """A target model, its tokenizer (may be None) and its draft heads (may be None)."""
+
+    model: torch.nn.Module
+    tokenizer: object | None
+    heads: MedusaHeads | None
+    tree_paths: tuple | None  # the tree shipped with the heads, if any
+    engine: Engine = field(repr=False)
+    name: str = ""
+
+    @property
+    def device(self) -> torch.device:
+        return self.engine.target.device
+
+
+def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"`dtype` must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix_cache=None) -> Loaded:
+    """Load a target model and its Medusa heads.
+
+    Args:
+        model: hub id, local path, a loaded PreTrainedModel, or None for the
+            embedded default (assets/model, fully offline).
+        heads: a folder written by `MedusaHeads.save`, "random" (seeded random
+            heads), or None (the embedded heads for the default model, else none).
+        device: "cpu", "cuda", ... (default: cuda when present).
+        dtype: torch dtype or name (default: float32 on CPU, bfloat16 on CUDA).
+        tokenizer: a tokenizer, to override or supply one for a model object.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if model is None:
+        if not (DEFAULT_MODEL / "config.json").is_file():
+            raise ValueError(f"the embedded default model is missing from {DEFAULT_MODEL}; "
+                             "pass model=<hub id or path> or rebuild it (see assets/README.md)")
+        model, name = str(DEFAULT_MODEL), "embedded"
+        if heads is None:
+            heads = str(DEFAULT_HEADS)
+    if isinstance(model, PreTrainedModel):
+        name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+        hf_model = model.to(dev) if dtype is None else model.to(dev, resolve_dtype(dtype, dev))
+    else:
+        name = name if model == str(DEFAULT_MODEL) else str(model)
+        looks_local = os.path.sep in str(model) or str(model).startswith(".") or os.path.exists(str(model))
+        if looks_local and not os.path.isdir(str(model)):
+            raise ValueError(f"`model` path {str(model)!r} does not exist")
+        try:
+            hf_model = AutoModelForCausalLM.from_pretrained(str(model), dtype=resolve_dtype(dtype, dev))
+        except OSError as e:
+            raise ValueError(f"cannot load model {str(model)!r}: {e}") from e
+        hf_model.to(dev)
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(str(model))
+    hf_model.eval()
+    target = TargetModel(hf_model)
+    tree_paths = None
+    if heads is None:
+        head_mod = None
+    elif isinstance(heads, MedusaHeads):
+        head_mod = heads
+    elif heads == "random":
+        head_mod = random_heads(hf_model)
+    else:
+        if not os.path.isdir(str(heads)):
+            raise ValueError(f"`heads` path {str(heads)!r} does not exist (use a folder, 'random' or None)")
+        head_mod, tree_paths = load_heads(heads, hf_model)
+    engine = Engine(target, head_mod, tokenizer, tree_paths, prefix_cache)
+    return Loaded(hf_model, tokenizer, head_mod, tree_paths, engine, name)
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    token_ids: list[int]  # new tokens only
+    text: str
+    rounds: list[RoundEvent]
+    stats: dict
+
+    def to_dict(self) -> dict:
+        return {"token_ids": self.token_ids, "text": self.text, "stats": self.stats,
+                "rounds": [r.to_dict() for r in self.rounds]}
+
+
+def encode(loaded: Loaded, prompt: str | None, prompt_ids) -> list[int]:
+    if prompt_ids is not None:
+        return [int(i) for i in (prompt_ids.tolist() if isinstance(prompt_ids, torch.Tensor) else prompt_ids)]
+    if prompt is None or not str(prompt).strip():
+        raise ValueError("`prompt` is empty: give some text (or prompt_ids)")
+    if loaded.tokenizer is None:
+        raise ValueError("this model was loaded without a tokenizer: pass prompt_ids")
+    return loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+
+def summarize(rounds: list[RoundEvent], seconds: float) -> dict:
+    """Stats over a finished stream. Mean accepted length counts decoding rounds only (not the prefill)."""
+    new = sum(len(r.emitted) for r in rounds)
+    decode = [r for r in rounds if r.index > 0]
+    return {
+        "new_tokens": new,
+        "target_forwards": len(rounds),
+        "mean_accepted_length": (sum(len(r.emitted) for r in decode) / len(decode)) if decode else float(new),
+        "tokens_per_second": new / seconds if seconds > 0 else 0.0,
+        "seconds": seconds,
+        "finished": rounds[-1].finished if rounds else None,
+    }
+
+
+def generate(loaded: Loaded, prompt: str | None = None, prompt_ids=None, max_new_tokens: int = 64,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+             seed: int | None = None, tree="auto", speculative: bool = True, acceptance: str = "auto",
+             on_round: Callable[[RoundEvent], None] | None = None, eos_token_id="auto") -> GenerationResult:
+    """Generate from a prompt (text or ids) and return tokens, text, events and stats."""
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+    ids = encode(loaded, prompt, prompt_ids)
+    t0 = time.perf_counter()
+    rounds = list(loaded.engine.stream(ids, max_new_tokens, params, tree, speculative, acceptance,
+                                       eos_token_id, on_round))
+    seconds = time.perf_counter() - t0
+    token_ids = [t.token_id for r in rounds for t in r.emitted]
+    text = loaded.tokenizer.decode(token_ids, skip_special_tokens=True) if loaded.tokenizer is not None else ""
+    return GenerationResult(token_ids, text, rounds, summarize(rounds, seconds))

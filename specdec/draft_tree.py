@@ -1,0 +1,191 @@
+"""The draft tree as data.
+
+A tree is a list of paths of per-head top-k ranks, Medusa style:
+`(0,)` is head 0's best guess, `(0, 1)` is head 1's second guess
+following it, and so on. Node 0 is the root: the token the target
+already chose last round. From the paths we build, once, every buffer a
+round needs: parents, depths (= position offsets), the ancestor mask for
+tree attention, indices into the flat candidate list, and one retrieve
+row per leaf path.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+Path = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Tree:
+    """Buffers for one static tree with N nodes (root included), depth D."""
+
+    paths: tuple[Path, ...]  # N paths, BFS order, paths[0] == ()
+    parent: tuple[int, ...]  # N, parent node index; -1 for the root
+    depth: tuple[int, ...]  # N, 0 for the root
+    rank: tuple[int, ...]  # N, top-k rank within its head; -1 for the root
+    children: tuple[tuple[int, ...], ...]  # N, child node indices in rank order
+    topk: tuple[int, ...]  # D, how many candidates head d needs (max rank + 1)
+    tree_indices: torch.Tensor  # [N] long, index into [root, head0 top-k, head1 top-k, ...]
+    ancestor_mask: torch.Tensor  # [N, N] bool, node i may attend to node j
+    depth_t: torch.Tensor  # [N] long, position offset of each node
+    retrieve_indices: torch.Tensor  # [L, D+1] long, node indices of each leaf path, -1 padded
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.paths)
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depth)
+
+    def truncated(self, max_depth: int) -> "Tree":
+        """The same tree without nodes deeper than max_depth (for the context/token limit)."""
+        return build_tree(tuple(p for p in self.paths[1:] if len(p) <= max_depth))
+
+
+def _validate(paths) -> tuple[Path, ...]:
+    out: set[Path] = set()
+    for p in paths:
+        p = tuple(p)
+        if not p or any((not isinstance(r, int)) or r < 0 for r in p):
+            raise ValueError(f"tree path {p!r} must be a non-empty tuple of ranks >= 0")
+        out.add(p)
+    for p in out:
+        if len(p) > 1 and p[:-1] not in out:
+            raise ValueError(f"tree path {p!r} has no parent path {p[:-1]!r} in the tree")
+    return tuple(sorted(out, key=lambda p: (len(p), p)))
+
+
+@lru_cache(maxsize=64)
+def build_tree(paths: tuple[Path, ...]) -> Tree:
+    """Build all buffers from a tuple of rank paths (root excluded)."""
+    body = _validate(paths)
+    nodes: tuple[Path, ...] = ((),) + body
+    index = {p: i for i, p in enumerate(nodes)}
+    N = len(nodes)
+    parent = tuple(-1 if not p else index[p[:-1]] for p in nodes)
+    depth = tuple(len(p) for p in nodes)
+    rank = tuple(-1 if not p else p[-1] for p in nodes)
+    kids: list[list[int]] = [[] for _ in range(N)]
+    for i in range(1, N):
+        kids[parent[i]].append(i)
+    children = tuple(tuple(sorted(c, key=lambda j: rank[j])) for c in kids)
+    D = max(depth)
+    topk = tuple(max((p[-1] for p in body if len(p) == d), default=-1) + 1 for d in range(1, D + 1))
+    offsets = [1]  # flat candidates: [root] + head0 top-k0 + head1 top-k1 + ...
+    for k in topk:
+        offsets.append(offsets[-1] + k)
+    tree_indices = torch.tensor([0] + [offsets[len(p) - 1] + p[-1] for p in body], dtype=torch.long)
+    mask = torch.zeros(N, N, dtype=torch.bool)
+    for i in range(N):
+        j = i
+        while j != -1:  # walk to the root: a node sees itself and its ancestors
+            mask[i, j] = True
+            j = parent[j]
+    leaves = [i for i in range(N) if not children[i]]
+    retrieve = torch.full((len(leaves), D + 1), -1, dtype=torch.long)
+    for row, leaf in enumerate(leaves):
+        chain, j = [], leaf
+        while j != -1:
+            chain.append(j)
+            j = parent[j]
+        retrieve[row, : len(chain)] = torch.tensor(chain[::-1])
+    return Tree(nodes, parent, depth, rank, children, topk, tree_indices, mask,
+                torch.tensor(depth, dtype=torch.long), retrieve)
+
+
+def candidates(root_token: int, head_logits: torch.Tensor, tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fill the tree with tokens from each head's top-k.
+
+    Args:
+        root_token: the token the target chose; it sits at node 0.
+        head_logits: [K, V] draft logits, K >= tree depth.
+    Returns:
+        tokens [N] long and draft probabilities q [N] float32 (1.0 at the root).
+        q is for display only: a top-k candidate's draft law is a point mass.
+    """
+    D = len(tree.topk)
+    assert head_logits.shape[0] >= D, f"tree depth {D} needs {D} heads, got {head_logits.shape[0]}"
+    kmax = max(tree.topk)
+    probs = torch.softmax(head_logits[:D].float(), dim=-1)  # [D, V]
+    top_p, top_i = torch.topk(probs, kmax, dim=-1)  # [D, kmax]
+    flat_tok = [torch.tensor([root_token], device=top_i.device)] + [top_i[d, :k] for d, k in enumerate(tree.topk)]
+    flat_q = [torch.ones(1, device=top_p.device)] + [top_p[d, :k] for d, k in enumerate(tree.topk)]
+    idx = tree.tree_indices.to(top_i.device)
+    return torch.cat(flat_tok)[idx], torch.cat(flat_q)[idx]
+
+
+# -- tree design --------------------------------------------------------------
+
+def best_tree(acc: list[list[float]], budget: int) -> tuple[Path, ...]:
+    """The tree with the highest expected accepted length under a node budget.
+
+    acc[d][r] is the measured probability that head d's rank-r guess is the
+    right token (given the path so far was right). A node's chance of being
+    accepted is the product along its path, and the expected accepted
+    length is the sum over nodes. Because every factor is <= 1, a child is
+    never likelier than its parent, so adding nodes greedily by path
+    probability (a best-first search) is optimal for this objective.
+    """
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1, got {budget}")
+    heap = [(-acc[0][r], (r,)) for r in range(len(acc[0]))]
+    heapq.heapify(heap)
+    chosen: list[Path] = []
+    while heap and len(chosen) < budget:
+        neg, path = heapq.heappop(heap)
+        chosen.append(path)
+        d = len(path)
+        if d < len(acc):
+            for r in range(len(acc[d])):
+                heapq.heappush(heap, (neg * acc[d][r], path + (r,)))
+    return tuple(sorted(chosen, key=lambda p: (len(p), p)))
+
+
+def expected_length(paths: tuple[Path, ...], acc: list[list[float]]) -> float:
+    """Expected tokens per round (accepted drafts + the target's own token)."""
+    total = 1.0
+    for p in paths:
+        prob = 1.0
+        for d, r in enumerate(p):
+            prob *= acc[d][r] if d < len(acc) and r < len(acc[d]) else 0.0
+        total += prob
+    return total
+
+
+# A generic prior for heads we have not measured: head-d top-1 accuracy
+# in the range Medusa reports for 7B chat models, decaying with rank.
+_PRIOR_TOP1 = (0.60, 0.40, 0.28, 0.20)
+_PRIOR = [[t * (0.45 ** r) / (1 + 0.2 * r) for r in range(10)] for t in _PRIOR_TOP1]
+
+PRESETS: dict[str, tuple[Path, ...]] = {
+    "chain": ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)),
+    "small": best_tree(_PRIOR, 15),  # 16 nodes with the root
+    "default": best_tree(_PRIOR, 63),  # 64 nodes with the root
+}
+
+
+def resolve_tree(tree: str | Tree | list | tuple, trained: tuple[Path, ...] | None = None, num_heads: int = 4) -> Tree:
+    """A preset name, a list of paths, or a Tree -> Tree, checked against the heads."""
+    if isinstance(tree, Tree):
+        out = tree
+    elif isinstance(tree, str):
+        if tree == "trained":
+            if trained is None:
+                raise ValueError("tree 'trained' needs heads that ship a tree.json; use one of " + ", ".join(PRESETS))
+            out = build_tree(tuple(trained))
+        elif tree == "chain":
+            out = build_tree(tuple((0,) * d for d in range(1, num_heads + 1)))
+        elif tree in PRESETS:
+            out = build_tree(PRESETS[tree])
+        else:
+            raise ValueError(f"unknown tree preset {tree!r}; choose one of: trained, " + ", ".join(PRESETS))
+    else:
+        out = build_tree(tuple(tuple(p) for p in tree))
+    if out.max_depth > num_heads:
+        out = out.truncated(num_heads)
+    return out

@@ -1,0 +1,258 @@
+"""The decoding loop: one generator that yields a RoundEvent per round.
+
+Each speculative round has Medusa's four steps:
+  1. draft: the heads read the hidden state of the last accepted token and
+     fill the static tree with their top-k candidates;
+  2. tree forward: one target forward over all N nodes (4D mask + positions);
+  3. verify: the acceptance rule picks the accepted path and the target's
+     own next token (correction or bonus);
+  4. update: the KV cache keeps exactly the accepted path (a gather).
+
+With `speculative=False` the same loop does one target forward per token,
+through the same sampler and event stream, which is the plain baseline.
+The engine knows nothing about the UI; a tokenizer is optional and only
+used to put text into events.
+"""
+from __future__ import annotations
+
+import random
+import time
+from typing import Callable, Iterable, Iterator
+
+import torch
+
+from . import kv_cache
+from .detok import IncrementalDecoder
+from .draft_tree import Tree, candidates, resolve_tree
+from .events import EmittedToken, RoundEvent, TreeNode
+from .heads import MedusaHeads
+from .sampler import SamplingParams, next_token
+from .target import TargetModel
+from .verifier import ACCEPTANCE_RULES, LOSSY_RULES, verify
+
+ParamsSource = SamplingParams | Callable[[], SamplingParams]
+RoundCallback = Callable[[RoundEvent], None]
+
+
+class Engine:
+    """Speculative decoding over one target model and its draft heads.
+
+    Holds only read-only shared state (weights, tokenizer, a token-text
+    memo); every call to `stream` carries its own cache and generator.
+    """
+
+    def __init__(self, target: TargetModel, heads: MedusaHeads | None, tokenizer=None,
+                 trained_tree=None, prefix_cache=None) -> None:
+        self.target = target
+        self.heads = heads
+        self.tokenizer = tokenizer
+        self.trained_tree = tuple(tuple(p) for p in trained_tree) if trained_tree else None
+        self.prefix_cache = prefix_cache
+        self._text_memo: dict[int, str] = {}
+        eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+        if eos is None:
+            eos = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
+        self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+
+    # -- helpers -------------------------------------------------------------
+    def token_text(self, token_id: int) -> str:
+        if self.tokenizer is None:
+            return ""
+        text = self._text_memo.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            self._text_memo[token_id] = text
+        return text
+
+    def resolve_tree(self, tree) -> Tree:
+        n = self.heads.config.num_heads if self.heads is not None else 4
+        if tree == "auto":
+            tree = "trained" if self.trained_tree else "default"
+        return resolve_tree(tree, self.trained_tree, n)
+
+    def check_prompt(self, prompt_ids) -> list[int]:
+        ids = [int(i) for i in (prompt_ids.tolist() if isinstance(prompt_ids, torch.Tensor) else prompt_ids)]
+        if not ids:
+            raise ValueError("`prompt` is empty: give at least one token")
+        V = self.target.vocab_size
+        bad = [i for i in ids if not 0 <= i < V]
+        if bad:
+            raise ValueError(f"`prompt_ids` must be in [0, {V - 1}] (the vocabulary), got {bad[:5]}")
+        limit = self.target.max_length
+        if limit is not None and len(ids) >= limit:
+            raise ValueError(f"`prompt` has {len(ids)} tokens; the model's context holds {limit}, "
+                             f"so the prompt must be at most {limit - 1} tokens")
+        return ids
+
+    # -- the loop ------------------------------------------------------------
+    def stream(self, prompt_ids, max_new_tokens: int = 64, params: ParamsSource = SamplingParams(),
+               tree="auto", speculative: bool = True, acceptance: str = "auto",
+               eos_token_id: int | Iterable[int] | None | str = "auto",
+               on_round: RoundCallback | Iterable[RoundCallback] | None = None,
+               should_stop: Callable[[], bool] | None = None) -> Iterator[RoundEvent]:
+        """Decode up to `max_new_tokens` tokens, yielding one RoundEvent per round.
+
+        Args:
+            prompt_ids: [T] token ids.
+            params: SamplingParams, or a callable read once per round (live tuning).
+            tree: preset name ("auto", "trained", "chain", "small", "default"), paths, or a Tree.
+            acceptance: "auto" (greedy at temperature 0, else lossless), "greedy",
+                "lossless" or "typical" (lossy: output no longer follows p).
+            on_round: callbacks that receive every event, before it is yielded.
+            should_stop: polled once per round; True ends the stream early.
+        """
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise ValueError(f"`max_new_tokens` must be an integer >= 1, got {max_new_tokens!r}")
+        if acceptance != "auto" and acceptance not in ACCEPTANCE_RULES:
+            raise ValueError(f"`acceptance` must be 'auto' or one of {ACCEPTANCE_RULES}, got {acceptance!r}")
+        get_params = params if callable(params) else (lambda: params)
+        first = get_params()
+        if not isinstance(first, SamplingParams):
+            raise ValueError("`params` must be a SamplingParams or a callable returning one")
+        ids = self.check_prompt(prompt_ids)
+        if speculative and self.heads is None:
+            raise ValueError("speculative decoding needs draft heads: load with heads=<path> or heads='random'")
+        full_tree = self.resolve_tree(tree) if speculative else None
+        if eos_token_id == "auto":
+            eos = self.eos_token_ids
+        elif eos_token_id is None:
+            eos = frozenset()
+        else:
+            eos = frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
+        callbacks = [] if on_round is None else ([on_round] if callable(on_round) else list(on_round))
+        return self._loop(ids, max_new_tokens, get_params, first, full_tree, speculative, acceptance, eos,
+                          callbacks, should_stop)
+
+    def _loop(self, ids, max_new_tokens, get_params, params, full_tree, speculative, acceptance, eos,
+              callbacks, should_stop) -> Iterator[RoundEvent]:
+        target, dev = self.target, self.target.device
+        seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**62)
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        detok = IncrementalDecoder(self.tokenizer)
+        limit = target.max_length or 1 << 62
+        produced = 0
+
+        # Round 0: prefill (reusing a cached prefix when there is one).
+        t0 = time.perf_counter()
+        cache, hit = None, 0
+        if self.prefix_cache is not None:
+            cache, hit = self.prefix_cache.lookup(target.model, ids)
+        if cache is None:
+            cache, hit = kv_cache.new_cache(target.model), 0
+        hidden = target.forward(torch.tensor(ids[hit:], dtype=torch.long), cache)  # [T, H]
+        if self.prefix_cache is not None:
+            self.prefix_cache.insert(ids, cache)
+        h_last = hidden[-1]  # [H]
+        tok, prob = next_token(target.logits(h_last), params, gen)
+        t1 = time.perf_counter()
+        kind = "bonus" if speculative else "baseline"
+        emitted = [EmittedToken(tok, detok.push(tok), kind, None, prob)]
+        produced, finished = self._finish(emitted, produced, max_new_tokens, eos, len(ids), limit)
+        ev = RoundEvent(0, (), (), tuple(emitted), params.to_dict(), "plain" if not speculative else self._rule(acceptance, params),
+                        speculative, {"forward": (t1 - t0) * 1e3, "total": (t1 - t0) * 1e3}, produced, finished,
+                        prompt_tokens=len(ids), prefix_cache_hit=hit, extra={"seed": seed})
+        for cb in callbacks:
+            cb(ev)
+        yield ev
+        pending = emitted[-1].token_id
+        cache_len = len(ids)
+        rnd = 0
+        while finished is None:
+            if should_stop is not None and should_stop():
+                return
+            rnd += 1
+            params = get_params()
+            t0 = time.perf_counter()
+            # The root (pending) goes at position cache_len; a depth-d node at cache_len + d.
+            room = min(max_new_tokens - produced - 1, limit - 1 - cache_len)
+            tree = None
+            if speculative and room >= 1:
+                tree = full_tree if full_tree.max_depth <= room else full_tree.truncated(room)
+            timings: dict[str, float] = {}
+            if tree is None:
+                hidden = target.forward(torch.tensor([pending], dtype=torch.long), cache)
+                t1 = time.perf_counter()
+                tok, prob = next_token(target.logits(hidden[-1]), params, gen)
+                t2 = time.perf_counter()
+                cache_len += 1
+                raw = [(tok, "baseline" if not speculative else "bonus", None, prob)]
+                nodes, path, rule = (), (0,), "plain" if not speculative else self._rule(acceptance, params)
+                timings.update(draft=0.0, forward=(t1 - t0) * 1e3, verify=(t2 - t1) * 1e3, cache=0.0)
+            else:
+                rule = self._rule(acceptance, params)
+                with torch.inference_mode():
+                    head_logits = self.heads(h_last)  # [K, V]
+                    tokens, q = candidates(pending, head_logits, tree)  # [N], [N]
+                t1 = time.perf_counter()
+                hidden = target.forward(tokens, cache, tree.ancestor_mask, tree.depth_t)  # [N, H]
+                t2 = time.perf_counter()
+                tok_list = tokens.tolist()
+                with torch.inference_mode():
+                    verdict = verify(tok_list, tree, lambda i: target.logits(hidden[i]), params, rule, gen)
+                t3 = time.perf_counter()
+                kv_cache.keep_path(cache, cache_len, list(verdict.accepted))
+                cache_len += len(verdict.accepted)
+                h_last = hidden[verdict.accepted[-1]]
+                t4 = time.perf_counter()
+                q_list = q.tolist()
+                raw = [(tok_list[n], "accepted", q_list[n], verdict.target_prob.get(n)) for n in verdict.accepted[1:]]
+                raw.append((verdict.next_token, verdict.next_kind, None, verdict.next_prob))
+                nodes = self._nodes(tree, tok_list, q_list, verdict)
+                path = verdict.accepted
+                timings.update(draft=(t1 - t0) * 1e3, forward=(t2 - t1) * 1e3, verify=(t3 - t2) * 1e3,
+                               cache=(t4 - t3) * 1e3)
+            if tree is None:
+                h_last = hidden[-1]
+            t5 = time.perf_counter()
+            emitted = [EmittedToken(t, detok.push(t), k, dq, tp) for t, k, dq, tp in raw]
+            produced, finished = self._finish(emitted, produced, max_new_tokens, eos, cache_len, limit)
+            pending = emitted[-1].token_id
+            t6 = time.perf_counter()
+            timings["event"] = (t6 - t5) * 1e3
+            timings["total"] = (t6 - t0) * 1e3
+            ev = RoundEvent(rnd, nodes, tuple(path), tuple(emitted), params.to_dict(), rule, speculative, timings,
+                            produced, finished, prompt_tokens=len(ids))
+            for cb in callbacks:
+                cb(ev)
+            yield ev
+
+    @staticmethod
+    def _rule(acceptance: str, params: SamplingParams) -> str:
+        if params.greedy:
+            return "greedy"
+        return "lossless" if acceptance == "auto" else acceptance
+
+    @staticmethod
+    def _finish(emitted: list[EmittedToken], produced: int, max_new: int, eos, cache_len: int, limit: int):
+        """Cut the round's tokens at EOS or max_new_tokens (in place); return (produced, finished)."""
+        finished = None
+        for i, t in enumerate(emitted):
+            if t.token_id in eos:
+                del emitted[i + 1 :]
+                finished = "eos"
+                break
+        if produced + len(emitted) >= max_new:
+            del emitted[max_new - produced :]
+            finished = finished or "length"
+        produced += len(emitted)
+        # The pending token still has to be fed at position cache_len next round.
+        if finished is None and cache_len >= limit:
+            finished = "context"
+        return produced, finished
+
+    def _nodes(self, tree: Tree, toks: list[int], q: list[float], verdict) -> tuple[TreeNode, ...]:
+        on_path = set(verdict.accepted)
+        rejected = set(verdict.rejected)
+        out = []
+        for i in range(tree.num_nodes):
+            if i == 0:
+                status = "root"
+            elif i in on_path:
+                status = "accepted"
+            elif i in rejected:
+                status = "rejected"
+            else:
+                status = "not_reached"
+            out.append(TreeNode(toks[i], self.token_text(toks[i]), tree.parent[i], tree.depth[i], tree.rank[i],
+                                None if i == 0 else q[i], verdict.target_prob.get(i), status))
+        return tuple(out)

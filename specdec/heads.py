@@ -1,0 +1,153 @@
+"""Medusa draft heads (Cai et al., 2024).
+
+Head k reads the target's last hidden state at position t and predicts
+token t+k+2: the target's own lm_head already gives t+1, which becomes
+the tree's root. A head is `n` residual blocks `x + SiLU(Linear(x))`,
+zero-initialised so it starts as the identity, then a vocabulary
+projection: its own Linear initialised from the base lm_head, or the
+base lm_head itself (`shared_lm_head=True`, far smaller on disk).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+CONFIG_NAME = "heads_config.json"
+WEIGHTS_NAME = "heads.safetensors"
+TREE_NAME = "tree.json"
+
+
+@dataclass(frozen=True)
+class HeadsConfig:
+    hidden_size: int  # must equal the target's hidden size
+    vocab_size: int  # must equal the target's vocabulary size
+    num_heads: int = 4  # K: tree depth below the root
+    num_layers: int = 1  # residual blocks per head (Medusa's default is 1)
+    shared_lm_head: bool = False  # reuse the target's lm_head instead of K copies
+    base_model: str | None = None  # informational: what the heads were trained on
+
+
+class ResBlock(nn.Module):
+    """x + SiLU(W x + b), with W = 0 at init so the block is the identity."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """K heads. forward(hidden [..., H]) -> logits [K, ..., V]."""
+
+    def __init__(self, config: HeadsConfig, base_lm_head: nn.Module | None = None) -> None:
+        super().__init__()
+        self.config = config
+        if config.num_heads < 1 or config.num_layers < 0:
+            raise ValueError(f"num_heads must be >= 1 and num_layers >= 0, got {config.num_heads}, {config.num_layers}")
+        # Every block is its own module: `[ResBlock(h)] * n` would share one.
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*[ResBlock(config.hidden_size) for _ in range(config.num_layers)])
+            for _ in range(config.num_heads)
+        )
+        self._shared: list[nn.Module] = []  # a plain list keeps the base lm_head out of state_dict
+        if config.shared_lm_head:
+            if base_lm_head is None:
+                raise ValueError("shared_lm_head=True needs the target's lm_head")
+            self._shared.append(base_lm_head)
+            self.lm_heads = None
+        else:
+            self.lm_heads = nn.ModuleList(
+                nn.Linear(config.hidden_size, config.vocab_size, bias=False) for _ in range(config.num_heads)
+            )
+            if base_lm_head is not None:
+                with torch.no_grad():
+                    for head in self.lm_heads:
+                        head.weight.copy_(base_lm_head.weight)
+
+    def project(self, k: int, x: torch.Tensor) -> torch.Tensor:
+        head = self._shared[0] if self.config.shared_lm_head else self.lm_heads[k]
+        return head(x)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.stack([self.project(k, blk(hidden)) for k, blk in enumerate(self.blocks)])
+
+    # -- persistence -------------------------------------------------------
+    def save(self, directory: str | Path, tree_paths: list[tuple[int, ...]] | None = None) -> None:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / CONFIG_NAME).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+        state = {k: v.detach().to(torch.float16).contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, str(d / WEIGHTS_NAME), metadata={"format": "pt"})
+        if tree_paths is not None:
+            (d / TREE_NAME).write_text(json.dumps({"paths": [list(p) for p in tree_paths]}) + "\n")
+
+
+def load_heads(directory: str | Path, target: nn.Module, device=None, dtype=None) -> tuple[MedusaHeads, list[tuple[int, ...]] | None]:
+    """Load heads saved by `MedusaHeads.save`, checked against the target.
+
+    Returns the heads and the tree shipped with them (or None).
+    Raises ValueError with a clear message for a missing folder, a corrupt
+    file or heads trained for another model.
+    """
+    d = Path(directory)
+    if not (d / CONFIG_NAME).is_file():
+        raise ValueError(f"heads: no {CONFIG_NAME} in {str(d)!r}; expected a folder written by MedusaHeads.save")
+    try:
+        config = HeadsConfig(**json.loads((d / CONFIG_NAME).read_text()))
+    except (json.JSONDecodeError, TypeError) as e:
+        raise ValueError(f"heads: {d / CONFIG_NAME} is not a valid heads config ({e})") from e
+    hidden, vocab = target_dims(target)
+    if config.hidden_size != hidden or config.vocab_size != vocab:
+        raise ValueError(
+            f"heads in {str(d)!r} were trained for hidden_size={config.hidden_size}, vocab_size={config.vocab_size}, "
+            f"but the model has hidden_size={hidden}, vocab_size={vocab}"
+        )
+    heads = MedusaHeads(config, target.get_output_embeddings())
+    try:
+        state = load_file(str(d / WEIGHTS_NAME))
+    except (FileNotFoundError, SafetensorError, OSError) as e:
+        raise ValueError(f"heads: cannot read {d / WEIGHTS_NAME} ({e})") from e
+    try:
+        heads.load_state_dict({k: v.float() for k, v in state.items()})
+    except RuntimeError as e:
+        raise ValueError(f"heads: {d / WEIGHTS_NAME} does not match {CONFIG_NAME} ({e})") from e
+    tree = None
+    if (d / TREE_NAME).is_file():
+        tree = [tuple(p) for p in json.loads((d / TREE_NAME).read_text())["paths"]]
+    p = next(target.parameters())
+    heads.to(device=device or p.device, dtype=dtype or p.dtype).eval()
+    return heads, tree
+
+
+def random_heads(target: nn.Module, num_heads: int = 4, num_layers: int = 1, seed: int = 0,
+                 shared_lm_head: bool = True, scale: float = 0.5) -> MedusaHeads:
+    """Seeded random heads, for tests and for models without trained heads.
+
+    Zero-initialised heads would all copy the target's next-token guess, so
+    the residual weights get a seeded random perturbation instead.
+    """
+    hidden, vocab = target_dims(target)
+    heads = MedusaHeads(HeadsConfig(hidden, vocab, num_heads, num_layers, shared_lm_head), target.get_output_embeddings())
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, prm in heads.named_parameters():
+            if "blocks" in name and prm.dim() == 2:
+                prm.copy_(torch.randn(prm.shape, generator=g) * scale / prm.shape[1] ** 0.5)
+    p = next(target.parameters())
+    return heads.to(device=p.device, dtype=p.dtype).eval()
+
+
+def target_dims(target: nn.Module) -> tuple[int, int]:
+    """(hidden size, vocab size) as the lm_head sees them."""
+    w = target.get_output_embeddings().weight  # [V, H]
+    return int(w.shape[1]), int(w.shape[0])

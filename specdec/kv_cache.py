@@ -1,0 +1,83 @@
+"""Every KV-cache manipulation specdec does, in one place.
+
+Tested with transformers 5.23 (`DynamicCache` made of `DynamicLayer`s whose
+`keys`/`values` are [B, H, T, Dh]). The cache API moved between 5.17 and
+5.24 (`crop` now takes a negative count; the model kwarg is being renamed),
+so nothing outside this module touches cache internals.
+
+After a tree forward the cache holds the committed prefix followed by all
+N tree nodes. `keep_path` gathers the accepted nodes' entries into the
+slots right after the prefix and drops the rest: a gather, not a crop,
+because the accepted nodes need not be the first ones in tree order.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+def new_cache(model) -> DynamicCache:
+    return DynamicCache(config=model.config)
+
+
+def _layers(cache: DynamicCache):
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise RuntimeError("unsupported transformers cache API: DynamicCache has no `layers` (tested with 5.23)")
+    for layer in layers:
+        if getattr(layer, "is_sliding", False):
+            raise ValueError("sliding-window attention caches are not supported by tree rollback yet")
+    return layers
+
+
+def length(cache: DynamicCache) -> int:
+    return int(cache.get_seq_length())
+
+
+@torch.inference_mode()
+def keep_path(cache: DynamicCache, prefix_len: int, nodes: list[int]) -> None:
+    """Keep the prefix plus the tree nodes `nodes` (indices after the prefix), in that order.
+
+    Args:
+        prefix_len: committed tokens before the tree.
+        nodes: accepted node indices, increasing (ancestors precede descendants in BFS order).
+    """
+    n = len(nodes)
+    contiguous = nodes == list(range(n))
+    for layer in _layers(cache):
+        if layer.keys is None or layer.keys.numel() == 0:
+            continue
+        if not contiguous:
+            idx = torch.tensor(nodes, device=layer.keys.device) + prefix_len
+            # advanced indexing copies first, so overlapping source/target slots are safe
+            layer.keys[..., prefix_len : prefix_len + n, :] = layer.keys[..., idx, :]
+            layer.values[..., prefix_len : prefix_len + n, :] = layer.values[..., idx, :]
+        layer.keys = layer.keys[..., : prefix_len + n, :]
+        layer.values = layer.values[..., : prefix_len + n, :]
+
+
+def crop(cache: DynamicCache, new_len: int) -> None:
+    """Drop every entry after the first `new_len`."""
+    for layer in _layers(cache):
+        if layer.keys is not None and layer.keys.numel():
+            layer.keys = layer.keys[..., :new_len, :]
+            layer.values = layer.values[..., :new_len, :]
+
+
+@torch.inference_mode()
+def snapshot(cache: DynamicCache, upto: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Copies of the first `upto` entries of every layer (for the prefix cache)."""
+    return [(l.keys[..., :upto, :].clone(), l.values[..., :upto, :].clone()) for l in _layers(cache)]
+
+
+@torch.inference_mode()
+def restore(model, saved: list[tuple[torch.Tensor, torch.Tensor]], upto: int) -> DynamicCache:
+    """A fresh cache holding the first `upto` entries of a snapshot (copied, so the snapshot stays intact)."""
+    cache = new_cache(model)
+    for i, (k, v) in enumerate(saved):
+        cache.update(k[..., :upto, :].clone(), v[..., :upto, :].clone(), i)
+    return cache
+
+
+def nbytes(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in saved)

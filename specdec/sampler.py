@@ -1,0 +1,158 @@
+"""The sampler: temperature -> top-k -> top-p -> min-p, in Hugging Face's order.
+
+One pure function, `filter_logits`, shapes the target distribution. The
+plain sampler, the lossless verifier, the bonus token and the UI's sampler
+view all call it, so the filters can never differ between those paths (a
+bug vLLM and SGLang both shipped once).
+
+All maths runs in float32 whatever the model dtype. Filtering never leaves
+an empty support: top-k keeps >= 1 token, top-p always keeps the most
+likely token, and min-p's threshold is at most the top probability.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Settings for one request. Validated on construction.
+
+    temperature: 0 means greedy (argmax); > 0 divides the logits.
+    top_k: keep the k most likely tokens; 0 switches the filter off.
+    top_p: keep the smallest set whose probability reaches p; 1 switches it off.
+    min_p: keep tokens with prob >= min_p * max prob; 0 switches it off.
+    seed: seeds the request's own torch.Generator; None draws a fresh seed.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or math.isnan(t) or t < 0 or math.isinf(t):
+            raise ValueError(f"`temperature` must be a finite number >= 0 (0 = greedy), got {t!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise ValueError(f"`top_k` must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        p = self.top_p
+        if not isinstance(p, (int, float)) or isinstance(p, bool) or math.isnan(p) or not 0 < p <= 1:
+            raise ValueError(f"`top_p` must be in (0, 1] (1 = off), got {p!r}")
+        m = self.min_p
+        if not isinstance(m, (int, float)) or isinstance(m, bool) or math.isnan(m) or not 0 <= m <= 1:
+            raise ValueError(f"`min_p` must be in [0, 1] (0 = off), got {m!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0):
+            raise ValueError(f"`seed` must be a non-negative integer or None, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def replace(self, **changes) -> "SamplingParams":
+        return SamplingParams(**{**asdict(self), **changes})
+
+
+def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Apply temperature, top-k, top-p and min-p; removed tokens become -inf.
+
+    Args:
+        logits: [..., V] raw model logits, any float dtype. Not modified.
+        params: the sampler settings; temperature must be > 0.
+    Returns:
+        [..., V] float32 logits whose softmax is the filtered target law.
+    """
+    assert params.temperature > 0, "greedy decoding takes the argmax path, not filter_logits"
+    x = logits.float()
+    if torch.isnan(x).any():
+        raise ValueError("logits contain NaN")
+    # Subtracting the max before dividing keeps a tiny temperature from
+    # overflowing to inf (inf - inf would be NaN in softmax).
+    x = (x - x.amax(dim=-1, keepdim=True)) / params.temperature
+    V = x.shape[-1]
+    if 0 < params.top_k < V:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        x = x.masked_fill(x < kth, float("-inf"))  # ties with the k-th are kept, as in HF
+    if params.top_p < 1:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        probs = torch.softmax(sorted_x, dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs  # mass of strictly more likely tokens
+        drop_sorted = mass_before >= params.top_p  # never true for the first token
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    if params.min_p > 0:
+        probs = torch.softmax(x, dim=-1)
+        threshold = params.min_p * probs.amax(dim=-1, keepdim=True)
+        x = x.masked_fill(probs < threshold, float("-inf"))
+    return x
+
+
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The filtered target distribution p. [..., V] -> [..., V] float32.
+
+    For temperature 0 this is the one-hot of the argmax, so greedy is the
+    limit case of the same law.
+    """
+    if params.greedy:
+        idx = logits.argmax(dim=-1, keepdim=True)
+        return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter(-1, idx, 1.0)
+    return torch.softmax(filter_logits(logits, params), dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """Draw one token id from a [V] distribution."""
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> tuple[int, float]:
+    """Plain decoding step: returns (token id, its probability under p). logits: [V]."""
+    if params.greedy:
+        tok = int(logits.argmax().item())
+        return tok, float(torch.softmax(logits.float(), -1)[tok].item())
+    p = target_probs(logits, params)
+    tok = sample(p, generator)
+    return tok, float(p[tok].item())
+
+
+def filter_stages(logits: torch.Tensor, params: SamplingParams, top: int = 20) -> list[dict]:
+    """Explain the filters for the UI's sampler view. logits: [V].
+
+    Returns the `top` most likely tokens under temperature alone, each with
+    its probability before filtering, after filtering, and which filter
+    removed it (None when kept).
+    """
+    x = logits.float()
+    t = params.temperature if params.temperature > 0 else 1.0
+    base = torch.softmax((x - x.max()) / t, dim=-1)
+    stages: list[tuple[str, SamplingParams]] = []
+    if params.greedy:
+        final = target_probs(x, params)
+    else:
+        final = torch.softmax(filter_logits(x, params), dim=-1)
+        off = SamplingParams(temperature=t)
+        stages = [
+            ("top_k", off.replace(top_k=params.top_k)),
+            ("top_p", off.replace(top_k=params.top_k, top_p=params.top_p)),
+            ("min_p", off.replace(top_k=params.top_k, top_p=params.top_p, min_p=params.min_p)),
+        ]
+    kept_after = [(name, torch.isfinite(filter_logits(x, sp))) for name, sp in stages]
+    values, ids = torch.topk(base, min(top, base.shape[-1]))
+    rows = []
+    for v, i in zip(values.tolist(), ids.tolist()):
+        removed_by = None
+        if params.greedy:
+            removed_by = None if final[i] > 0 else "greedy"
+        else:
+            for name, kept in kept_after:
+                if not kept[i]:
+                    removed_by = name
+                    break
+        rows.append({"token_id": i, "prob": v, "filtered_prob": float(final[i]), "removed_by": removed_by})
+    return rows

@@ -1,0 +1,1 @@
+"""Training recipes: tokenizer, backbone LM and Medusa heads (`python -m specdec.train`)."""

@@ -1,0 +1,117 @@
+"""Verification: which branch of the draft tree does the target accept?
+
+Naming (Leviathan et al. 2023, Alg. 1): **p** is the target distribution,
+**q** the draft distribution. Here the candidates are the heads' top-k
+tokens, chosen deterministically, so q is a point mass on each candidate
+and never appears in the acceptance test. Dividing by the head's softmax
+probability would be a bug.
+
+Glossary (as in vLLM's rejection sampler):
+- accepted token: a draft node the target agreed with;
+- correction token: drawn from the residual law r after every child of
+  the last accepted node was rejected;
+- bonus token: drawn from p at an accepted leaf (no children to try).
+
+Rules:
+- greedy: follow children whose token is the target argmax.
+- lossless sampling (the default when temperature > 0): at each node try
+  the children in rank order; accept child x with probability r(x), where
+  r starts as the filtered target law p at that node; on rejection set
+  r(x) = 0 and renormalise. If no child is accepted, sample from r. The
+  emitted token is then distributed exactly as p (SpecInfer with q = a
+  point mass), so the output law equals plain sampling.
+- typical (Medusa, **lossy**): accept x if p(x) > min(eps, delta * exp(-H(p))).
+  Faster acceptance, but the output no longer follows p.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .draft_tree import Tree
+from .sampler import SamplingParams, sample, target_probs
+
+ACCEPTANCE_RULES = ("greedy", "lossless", "typical")
+LOSSY_RULES = frozenset({"typical"})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted: tuple[int, ...]  # node indices of the accepted path, root (0) first
+    next_token: int  # the target's own token after the path
+    next_kind: str  # "correction" or "bonus"
+    next_prob: float  # p(next_token) at the last accepted node
+    target_prob: dict[int, float]  # node -> p(token) under its parent's law, for visited parents
+    rejected: tuple[int, ...]  # children tried and rejected
+
+
+def verify(tokens: list[int], tree: Tree, logits_at: Callable[[int], torch.Tensor], params: SamplingParams,
+           rule: str, generator: torch.Generator | None,
+           typical_eps: float = 0.09, typical_delta: float = 0.3) -> Verdict:
+    """Walk the tree from the root and return the accepted path.
+
+    Args:
+        tokens: N token ids, tokens[0] is the root (already committed).
+        tree: the tree the tokens fill.
+        logits_at: node index -> [V] target logits after that node's path.
+            Called only for nodes on the accepted path, so the vocabulary
+            projection runs on at most D + 1 rows.
+        params: sampler settings shaping p (the same filters as plain sampling).
+        rule: "greedy", "lossless" or "typical" (lossy).
+        generator: the request's torch.Generator; the only source of randomness.
+    """
+    if rule not in ACCEPTANCE_RULES:
+        raise ValueError(f"acceptance rule must be one of {ACCEPTANCE_RULES}, got {rule!r}")
+    if params.greedy and rule != "greedy":
+        rule = "greedy"  # temperature 0: every rule reduces to the argmax
+    accepted = [0]
+    target_prob: dict[int, float] = {}
+    rejected: list[int] = []
+    node = 0
+    while True:
+        row = logits_at(node)  # [V]
+        kids = tree.children[node]
+        if rule == "greedy":
+            tok = int(row.argmax().item())
+            p = torch.softmax(row.float(), -1) if kids else None
+            chosen = None
+            for c in kids:
+                target_prob[c] = float(p[tokens[c]])
+                if chosen is None and tokens[c] == tok:
+                    chosen = c
+            if chosen is None:
+                rejected.extend(kids)
+                prob = float(torch.softmax(row.float(), -1)[tok]) if p is None else float(p[tok])
+                return Verdict(tuple(accepted), tok, "correction" if kids else "bonus", prob, target_prob, tuple(rejected))
+        else:
+            p = target_probs(row, params)  # [V] float32, the filtered target law
+            chosen, r = None, p
+            if rule == "typical":
+                entropy = -(p * torch.log(p.clamp_min(1e-30))).sum().item()
+                threshold = min(typical_eps, typical_delta * math.exp(-entropy))
+            for c in kids:
+                x = tokens[c]
+                target_prob[c] = float(p[x])
+                if rule == "typical":
+                    if float(p[x]) > threshold:
+                        chosen = c
+                        break
+                    rejected.append(c)
+                    continue
+                u = float(torch.rand((), generator=generator, device=r.device))
+                if u < float(r[x]):
+                    chosen = c
+                    break
+                rejected.append(c)
+                # Remove x and renormalise. r(x) < 1 here (u < 1 always), so mass remains.
+                r = r.clone()
+                r[x] = 0.0
+                r = r / r.sum()
+            if chosen is None:
+                tok = sample(r, generator)
+                return Verdict(tuple(accepted), tok, "correction" if kids else "bonus", float(p[tok]), target_prob, tuple(rejected))
+        accepted.append(chosen)
+        node = chosen
