@@ -62,6 +62,9 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
         tokenizer: a tokenizer, to override or supply one for a model object.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Loading weights" bars are noise in a CLI and an app log
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if model is None:

@@ -79,10 +79,14 @@ def read_text(f: SourceFile) -> str | None:
     return text.replace("\r\n", "\n")
 
 
-def iter_texts(split: str | None = None, max_chars: int | None = None) -> Iterator[str]:
-    """Texts of one split (or both), stopping after about `max_chars` characters."""
+def iter_texts(split: str | None = None, max_chars: int | None = None, seed: int = 0) -> Iterator[str]:
+    """Texts of one split (or both) in a seeded shuffled order, stopping after about `max_chars` characters."""
+    import random
+
+    files = list(iter_source_files())
+    random.Random(seed).shuffle(files)
     total = 0
-    for f in iter_source_files():
+    for f in files:
         if split is not None and f.split != split:
             continue
         text = read_text(f)

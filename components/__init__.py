@@ -1,0 +1,9 @@
+"""UI pieces for the specdec Gradio app: pure plot builders, token rendering, session state, handlers."""
+from .handlers import Handlers
+from .plots import (accepted_length_figure, depth_acceptance_figure, empty_figure, sampler_figure, throughput_figure,
+                    tree_figure)
+from .session import Session, Settings
+from .tokens import legend_html, render_round, render_tokens
+
+__all__ = ["Handlers", "Session", "Settings", "tree_figure", "accepted_length_figure", "depth_acceptance_figure",
+           "throughput_figure", "sampler_figure", "empty_figure", "render_round", "render_tokens", "legend_html"]

@@ -1,0 +1,306 @@
+"""Event handlers: validate the controls, drive the engine's public API, yield UI updates.
+
+`Handlers` holds only read-only shared things (the loaded model, options)
+and one lock that serialises the sampler view's small forwards. Every
+piece of user data lives in the `Session` passed in from `gr.State`.
+"""
+from __future__ import annotations
+
+import html
+import threading
+import time
+from dataclasses import replace
+from typing import Callable, Iterable
+
+import gradio as gr
+import torch
+
+from specdec import Loaded, RoundEvent
+from specdec.api import encode
+from specdec.sampler import filter_stages
+from specdec.verifier import LOSSY_RULES
+
+from . import plots
+from .session import Run, Session, Settings
+from .stats import stats_markdown, summarize
+from .tokens import render_round, render_tokens
+
+
+class Throttle:
+    """True at most once per `interval` seconds (the first call is always True)."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.last = float("-inf")
+
+    def __call__(self, force: bool = False) -> bool:
+        now = time.monotonic()
+        if force or now - self.last >= self.interval:
+            self.last = now
+            return True
+        return False
+
+
+def prompt_html(prompt: str) -> str:
+    return f'<span class="sd-prompt" title="prompt">{html.escape(prompt, quote=False)}</span>'
+
+
+def _code(text: str) -> str:
+    return "`" + repr(text).replace("`", "ˋ") + "`"
+
+
+def round_markdown(ev: RoundEvent | None) -> str:
+    """A short description of one round for the round view."""
+    if ev is None:
+        return ""
+    p = ev.params
+    sampler = "greedy" if not p.get("temperature") else \
+        f"T={p['temperature']:g}, top-k {p['top_k'] or 'off'}, top-p {p['top_p']:g}, min-p {p['min_p']:g}"
+    rule = ev.acceptance + (" (LOSSY)" if ev.acceptance in LOSSY_RULES else "")
+    toks = ", ".join(f"{_code(t.text)} {t.kind}" for t in ev.emitted)
+    t = ev.timings
+    times = ", ".join(f"{k} {t[k]:.1f} ms" for k in ("draft", "forward", "verify", "total") if k in t)
+    head = "prefill" if ev.index == 0 else f"{len(ev.nodes) - 1 if ev.nodes else 0} drafts"
+    return (f"**Round {ev.index}** ({head}) · rule {rule} · sampler {sampler}  \n"
+            f"emitted: {toks}  \n{times}" + (f" · finished: {ev.finished}" if ev.finished else ""))
+
+
+class Handlers:
+    """The app's event handlers over one loaded model."""
+
+    def __init__(self, loaded: Loaded, max_prompt_tokens: int = 512, figure_interval: float = 0.5,
+                 on_round: Iterable[Callable[[RoundEvent], None]] = (), sampler_top: int = 20) -> None:
+        self.loaded = loaded
+        self.engine = loaded.engine
+        ctx = self.engine.target.max_length
+        self.max_prompt_tokens = min(max_prompt_tokens, ctx - 2) if ctx else max_prompt_tokens
+        self.figure_interval = figure_interval
+        self.on_round = list(on_round)
+        self.sampler_top = sampler_top
+        self.sampler_lock = threading.Lock()  # one small sampler-view forward at a time, across sessions
+        self.tree_choices = self._tree_choices()
+
+    # -- helpers -------------------------------------------------------------
+    def _tree_choices(self) -> list[tuple[str, str]]:
+        if self.loaded.heads is None:
+            return [("none (no draft heads loaded)", "default")]
+        names = (["trained"] if self.loaded.tree_paths else []) + ["default", "small", "chain"]
+        out = []
+        for name in names:
+            n = self.engine.resolve_tree(name).num_nodes
+            what = "shipped with the heads" if name == "trained" else "preset"
+            out.append((f"{name} ({n} nodes, {what})", name))
+        return out
+
+    @property
+    def default_tree(self) -> str:
+        return self.tree_choices[0][1]
+
+    def encode(self, prompt) -> list[int]:
+        """Prompt text -> ids, or ValueError for an empty or over-long prompt."""
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("The prompt is empty: type some text or pick an example.")
+        ids = encode(self.loaded, prompt, None)
+        if len(ids) > self.max_prompt_tokens:
+            raise ValueError(f"The prompt has {len(ids)} tokens; the limit is {self.max_prompt_tokens}.")
+        return ids
+
+    def _validate(self, prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree, acceptance,
+                  speculative) -> tuple[Settings, list[int]]:
+        try:
+            settings = Settings.validate(temperature, top_k, top_p, min_p, max_new_tokens, seed, tree, acceptance,
+                                         speculative, trees=[v for _, v in self.tree_choices])
+            ids = self.encode(prompt)
+            if settings.speculative and self.loaded.heads is None:
+                raise ValueError("Speculation needs draft heads: start the app with --heads, or turn it off.")
+        except ValueError as e:
+            raise gr.Error(str(e), title="Invalid input", print_exception=False) from None
+        return settings, ids
+
+    def next_logits(self, ids: list[int]) -> torch.Tensor:
+        """The target's next-token logits after `ids`: one small forward, under the shared lock. -> [V]"""
+        ctx = self.engine.target.max_length
+        ids = ids[-(ctx - 1):] if ctx else ids
+        x = torch.tensor([ids], dtype=torch.long, device=self.loaded.device)  # [1, T]
+        with self.sampler_lock, torch.inference_mode():
+            try:
+                out = self.loaded.model(input_ids=x, use_cache=False, logits_to_keep=1)
+            except TypeError:  # a model without `logits_to_keep`
+                out = self.loaded.model(input_ids=x, use_cache=False)
+        return out.logits[0, -1].float().cpu()
+
+    def _sampler_figure(self, session: Session, ids: list[int], settings: Settings, note: str):
+        key = tuple(ids)
+        if session.sampler_key != key or session.sampler_logits is None:
+            session.sampler_logits, session.sampler_key = self.next_logits(ids), key
+        params = settings.sampling_params()
+        rows = filter_stages(session.sampler_logits, params, top=self.sampler_top)
+        return plots.sampler_figure(rows, self.engine.token_text, params.to_dict(), len(ids), note)
+
+    def _json(self, run: Run, ev: RoundEvent, stopped: bool = False) -> dict:
+        """The compact per-round record sent to API clients (and shown in the JSON panel)."""
+        return {"run": run.run_id, "round": ev.index, "new_tokens": ev.total_tokens, "text": run.text,
+                "accepted_length": ev.accepted_length, "emitted": [t.kind for t in ev.emitted],
+                "acceptance": ev.acceptance, "lossy": ev.acceptance in LOSSY_RULES,
+                "speculative": ev.speculative, "params": ev.params, "seed": run.seed,
+                "finished": ev.finished or ("stopped" if stopped else None)}
+
+    # -- Generate --------------------------------------------------------------
+    def generate(self, prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree, acceptance,
+                 speculative, session: Session):
+        """Stream one generation: an update per round; figures at most every `figure_interval` s."""
+        settings, ids = self._validate(prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree,
+                                       acceptance, speculative)
+        run = session.start_run(prompt, ids, settings)
+        try:
+            stream = self.engine.stream(ids, settings.max_new_tokens, session.live_params, settings.tree,
+                                        settings.speculative, settings.acceptance,
+                                        on_round=[run.record, *self.on_round], should_stop=session.should_stop(run))
+        except ValueError as e:
+            session.finish(run)
+            raise gr.Error(str(e), title="Invalid input", print_exception=False) from None
+        heavy = Throttle(self.figure_interval)
+        text_html, prev, ev = prompt_html(prompt), None, None
+        try:
+            for ev in stream:  # `run.record` has already stored it
+                text_html += render_round(ev, prev)
+                prev = ev.params
+                yield self._updates(run, ev, text_html, heavy(force=ev.finished is not None), sampler=gr.skip())
+        finally:
+            stream.close()  # frees the KV cache also when Gradio closes us (Stop, disconnect)
+            session.finish(run)
+        if ev is None:
+            return
+        note = "position after the generated text; moving a slider re-filters it"
+        sampler = self._sampler_figure(session, run.prompt_ids + run.token_ids, session.live, note)
+        yield self._updates(run, ev, text_html, True, sampler)
+
+    def _updates(self, run: Run, ev: RoundEvent, text_html: str, heavy: bool, sampler) -> tuple:
+        stopped = run.stopped and ev.finished is None
+        stats = stats_markdown(summarize(run.events), stopped=stopped or run.done)
+        if not heavy:
+            sk = gr.skip()
+            return (text_html, stats, sk, sk, sk, sk, sk, sk, sampler, self._json(run, ev, stopped))
+        # Show the newest round that verified a tree: the last rounds of a run can be plain
+        # (no room left under max_new_tokens), and their empty view would hide the last tree.
+        shown = next((e for e in reversed(run.events) if e.nodes), ev)
+        return (text_html, stats, plots.tree_figure(shown),
+                gr.Slider(minimum=0, maximum=max(1, ev.index), value=shown.index, step=1),
+                round_markdown(shown), plots.accepted_length_figure(run.events),
+                plots.depth_acceptance_figure(run.events), plots.throughput_figure(run.events), sampler,
+                self._json(run, ev, stopped))
+
+    def stop(self, session: Session) -> None:
+        """Stop the session's running generation (or Compare); the engine sees it before its next round."""
+        session.request_stop()
+
+    def clear(self, session: Session) -> tuple:
+        session.clear()
+        empty = plots.tree_figure(None)
+        return ("", "", empty, gr.Slider(minimum=0, maximum=1, value=0, step=1), "",
+                plots.accepted_length_figure([]), plots.depth_acceptance_figure([]),
+                plots.throughput_figure([]), gr.skip(), None, "", "", "")
+
+    # -- views that never touch the model queue ----------------------------------
+    def show_round(self, index, session: Session) -> tuple:
+        """Step back to round `index` of the last run: its tree, description and full event."""
+        run = session.run
+        if run is None or not run.events:
+            return plots.tree_figure(None), "", None
+        try:
+            i = int(index)
+        except (TypeError, ValueError):
+            raise gr.Error(f"`round` must be an integer, got {index!r}", print_exception=False) from None
+        i = max(0, min(i, len(run.events) - 1))
+        ev = run.events[i]
+        return plots.tree_figure(ev), round_markdown(ev), ev.to_dict()
+
+    def sampler_view(self, prompt, temperature, top_k, top_p, min_p, acceptance, session: Session):
+        """Update the live settings and redraw the sampler view. A running generation picks up the
+        new values at its next round; the rule only changes between runs."""
+        try:
+            live = session.live.with_live(temperature, top_k, top_p, min_p)
+            if not session.running:
+                live = Settings.validate(live.temperature, live.top_k, live.top_p, live.min_p,
+                                         live.max_new_tokens, live.seed, live.tree, acceptance, live.speculative)
+        except ValueError as e:
+            raise gr.Error(str(e), title="Invalid input", print_exception=False) from None
+        session.live = live
+        view = replace(live, acceptance=acceptance if acceptance in ("lossless", "greedy", "typical") else
+                       live.acceptance)
+        run = session.run
+        if run is not None and run.done and run.prompt == prompt:
+            ids, note = run.prompt_ids + run.token_ids, "position after the generated text"
+        else:
+            try:
+                ids = self.encode(prompt)
+            except ValueError as e:
+                return plots.empty_figure(f"Sampler view: {e}", 320)
+            note = "position after the prompt"
+        return self._sampler_figure(session, ids, view, note)
+
+    # -- Compare -----------------------------------------------------------------
+    def compare(self, prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree, acceptance,
+                speculative, session: Session):
+        """Run speculative then plain decoding with identical, fixed settings; report the speedup."""
+        settings, ids = self._validate(prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree,
+                                       acceptance, True)
+        run = session.start_run(prompt, ids, settings, main=False)
+        params = settings.sampling_params(run.seed)
+        results = {}
+        tick = Throttle(0.5)
+        try:
+            for name, spec in (("speculative", True), ("baseline", False)):
+                stream = self.engine.stream(ids, settings.max_new_tokens, params, settings.tree, spec,
+                                            settings.acceptance, should_stop=session.should_stop(run))
+                events, busy = [], 0.0
+                try:
+                    while True:
+                        t0 = time.perf_counter()
+                        ev = next(stream, None)
+                        busy += time.perf_counter() - t0  # model time only, not our yields
+                        if ev is None:
+                            break
+                        events.append(ev)
+                        if tick():
+                            yield (f"Running **{name}**… {ev.total_tokens}/{settings.max_new_tokens} tokens",
+                                   gr.skip(), gr.skip())
+                finally:
+                    stream.close()
+                results[name] = (events, busy)
+                if run.stopped:
+                    yield "Compare stopped.", gr.skip(), gr.skip()
+                    return
+        finally:
+            session.finish(run)
+        yield (self._compare_markdown(results, params.greedy, settings),
+               prompt_html(prompt) + render_tokens(results["speculative"][0]),
+               prompt_html(prompt) + render_tokens(results["baseline"][0]))
+
+    @staticmethod
+    def _compare_markdown(results: dict, greedy: bool, settings: Settings) -> str:
+        (sev, sbusy), (bev, bbusy) = results["speculative"], results["baseline"]
+        s, b = summarize(sev, sbusy), summarize(bev, bbusy)
+        st, bt = s["wall_tokens_per_second"], b["wall_tokens_per_second"]
+        speedup = st / bt if st and bt else None
+        s_ids = [t.token_id for ev in sev for t in ev.emitted]
+        b_ids = [t.token_id for ev in bev for t in ev.emitted]
+        if greedy:
+            if s_ids == b_ids:
+                same = "✅ **identical** texts (greedy: speculative decoding must reproduce the baseline exactly)"
+            else:
+                k = next((i for i, (x, y) in enumerate(zip(s_ids, b_ids)) if x != y), min(len(s_ids), len(b_ids)))
+                same = (f"❌ texts **differ** from token {k} (greedy should match exactly; in fp16/bf16 "
+                        "tiny numeric differences between a tree forward and a single-token forward can flip a tie)")
+        elif settings.acceptance in LOSSY_RULES:
+            same = "typical acceptance is **LOSSY**: the output no longer follows the target distribution"
+        else:
+            same = ("sampling: the two texts need not match; lossless verification means both follow the same "
+                    "distribution")
+        sp = "n/a" if speedup is None else f"**{speedup:.2f}×**"
+        return (f"| | tokens | time (s) | tok/s | mean accepted length |\n|---|---|---|---|---|\n"
+                f"| speculative | {s['new_tokens']} | {sbusy:.2f} | {st or 0:.1f} | "
+                f"{s['mean_accepted_length'] or 0:.2f} |\n"
+                f"| baseline | {b['new_tokens']} | {bbusy:.2f} | {bt or 0:.1f} | 1.00 |\n\n"
+                f"Measured speedup {sp} (same prompt, settings and seed; time spent in the engine, UI excluded). "
+                f"{same}.")

@@ -1,0 +1,289 @@
+"""Plot builders: pure functions from round events (or sampler rows) to Plotly figures.
+
+Token text reaches Plotly only through `label`, which HTML-escapes it
+(Plotly renders a subset of HTML in text and hover labels) and makes
+whitespace visible. Colours are hex, as Gradio's plotly.js 3 expects.
+"""
+from __future__ import annotations
+
+import html
+from typing import Callable
+
+import plotly.graph_objects as go
+
+from specdec import RoundEvent
+
+from .stats import accepted_drafts, change_rounds, decode_rounds, depth_acceptance
+
+STATUS_COLORS = {
+    "root": "#455a64",
+    "accepted": "#2e7d32",
+    "rejected": "#c62828",
+    "not_reached": "#bdbdbd",
+}
+STATUS_NAMES = {"root": "root (committed)", "accepted": "accepted", "rejected": "rejected",
+                "not_reached": "not reached"}
+TARGET_COLORS = {"correction": "#ef6c00", "bonus": "#1565c0", "baseline": "#757575"}
+EDGE_COLOR = "#9e9e9e"
+KEPT_COLOR = "#1565c0"
+REMOVED_COLOR = "#cfcfcf"
+CHANGE_COLOR = "#8e24aa"
+_VISIBLE_WS = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
+
+
+def label(text: str, limit: int = 12) -> str:
+    """Token text for a Plotly label: whitespace made visible, truncated, then HTML-escaped."""
+    shown = "".join(_VISIBLE_WS.get(c, c) for c in text) or "∅"
+    if len(shown) > limit:
+        shown = shown[: limit - 1] + "…"
+    return html.escape(shown, quote=False)
+
+
+def _p(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4f}"
+
+
+def empty_figure(message: str, height: int = 260) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=html.escape(message), showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(size=14, color="#616161"))
+    fig.update_layout(height=height, xaxis=dict(visible=False), yaxis=dict(visible=False),
+                      margin=dict(l=10, r=10, t=30, b=10), plot_bgcolor="#ffffff")
+    return fig
+
+
+# -- the draft tree ------------------------------------------------------------
+
+def tree_layout(event: RoundEvent) -> tuple[list[float], list[float]]:
+    """x = depth; y from a tidy layout: leaves on separate rows, rank 0 on top, parents centred."""
+    n = len(event.nodes)
+    kids: list[list[int]] = [[] for _ in range(n)]
+    for i, node in enumerate(event.nodes):
+        if node.parent >= 0:
+            kids[node.parent].append(i)
+    for c in kids:
+        c.sort(key=lambda j: event.nodes[j].rank)
+    ys = [0.0] * n
+    next_row = [0]
+
+    def place(i: int) -> float:  # recursion depth = tree depth, a handful
+        if not kids[i]:
+            ys[i] = -float(next_row[0])
+            next_row[0] += 1
+        else:
+            ys[i] = sum(place(c) for c in kids[i]) / len(kids[i])
+        return ys[i]
+
+    if n:
+        place(0)
+    return [float(node.depth) for node in event.nodes], ys
+
+
+def _segments(pairs, xs, ys):
+    ex, ey = [], []
+    for a, b in pairs:
+        ex += [xs[a], xs[b], None]
+        ey += [ys[a], ys[b], None]
+    return ex, ey
+
+
+def tree_figure(event: RoundEvent | None) -> go.Figure:
+    """The round's draft tree: nodes by status, the accepted path bold, the target's own token dashed."""
+    if event is None:
+        return empty_figure("No round yet: press Generate.")
+    if not event.nodes:
+        why = "round 0 is the prefill: the target picks the first token" if event.index == 0 else \
+            "plain decoding (speculation off or no room left): one target forward per token, no draft tree"
+        return empty_figure(f"Round {event.index}: {why}.")
+    xs, ys = tree_layout(event)
+    nodes = event.nodes
+    path = list(event.accepted_path)
+    on_path = set(zip(path, path[1:]))
+    all_edges = [(n.parent, i) for i, n in enumerate(nodes) if n.parent >= 0]
+    fig = go.Figure()
+    ex, ey = _segments([e for e in all_edges if e not in on_path], xs, ys)
+    fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", name="draft edges", hoverinfo="skip",
+                             line=dict(color=EDGE_COLOR, width=1), showlegend=False))
+    ax, ay = _segments([e for e in all_edges if e in on_path], xs, ys)
+    fig.add_trace(go.Scatter(x=ax, y=ay, mode="lines", name="accepted path", hoverinfo="skip",
+                             line=dict(color=STATUS_COLORS["accepted"], width=5)))
+    for status in ("root", "accepted", "rejected", "not_reached"):
+        idx = [i for i, n in enumerate(nodes) if n.status == status]
+        if not idx:
+            continue
+        custom = [[label(nodes[i].text, 40), nodes[i].depth, max(nodes[i].depth - 1, 0), nodes[i].rank,
+                   _p(nodes[i].draft_prob), _p(nodes[i].target_prob), nodes[i].token_id, i] for i in idx]
+        hover = ("<b>%{customdata[0]}</b> (id %{customdata[6]}, node %{customdata[7]})<br>"
+                 "depth %{customdata[1]} · head %{customdata[2]} rank %{customdata[3]}<br>"
+                 "draft q = %{customdata[4]}<br>target p = %{customdata[5]}<extra>" + STATUS_NAMES[status] +
+                 "</extra>")
+        bold = status in ("root", "accepted")
+        fig.add_trace(go.Scatter(
+            x=[xs[i] for i in idx], y=[ys[i] for i in idx], mode="markers+text", name=STATUS_NAMES[status],
+            text=[(f"<b>{label(nodes[i].text)}</b>" if bold else label(nodes[i].text)) for i in idx],
+            textposition="middle right", textfont=dict(size=11, color="#212121"),
+            marker=dict(color=STATUS_COLORS[status], size=14 if bold else 10,
+                        line=dict(color="#1b5e20" if bold else "#ffffff", width=2 if bold else 1)),
+            customdata=custom, hovertemplate=hover,
+        ))
+    # The target's own token after the accepted path: a correction or a bonus.
+    extra = [t for t in event.emitted if t.kind != "accepted"]
+    if extra:
+        tok = extra[-1]
+        last = path[-1] if path else 0
+        x_t, y_t = xs[last] + 1, max(ys) + 1
+        color = TARGET_COLORS.get(tok.kind, TARGET_COLORS["baseline"])
+        fig.add_trace(go.Scatter(x=[xs[last], x_t], y=[ys[last], y_t], mode="lines", hoverinfo="skip",
+                                 line=dict(color=color, width=2, dash="dash"), showlegend=False))
+        fig.add_trace(go.Scatter(
+            x=[x_t], y=[y_t], mode="markers+text", name=f"target token ({tok.kind})",
+            text=[f"<b>{label(tok.text)}</b>"], textposition="middle right",
+            marker=dict(color=color, size=15, symbol="diamond"),
+            customdata=[[label(tok.text, 40), tok.kind, _p(tok.target_prob), tok.token_id]],
+            hovertemplate="<b>%{customdata[0]}</b> (id %{customdata[3]})<br>%{customdata[1]} from the target"
+                          "<br>target p = %{customdata[2]}<extra></extra>"))
+    drafts = len(nodes) - 1
+    got = len(path) - 1
+    kind = extra[-1].kind if extra else "none"
+    rule = event.acceptance + (" (LOSSY)" if event.acceptance == "typical" else "")
+    leaves = len(nodes) - len({n.parent for n in nodes if n.parent >= 0})
+    fig.update_layout(
+        title=dict(text=f"Round {event.index}: accepted {got} of {drafts} drafts, then a {kind} token<br>"
+                        f"<sup>rule {rule} · bold = accepted path · hover a node for head rank, q and p</sup>",
+                   font=dict(size=14)),
+        height=int(min(1000, max(400, 26 * leaves + 170))),
+        margin=dict(l=10, r=10, t=60, b=20), plot_bgcolor="#ffffff", uirevision=f"tree-{len(nodes)}",
+        xaxis=dict(title="depth (head = depth − 1)", dtick=1, range=[-0.3, max(xs) + 1.9], zeroline=False,
+                   gridcolor="#eeeeee", side="top", title_standoff=2),
+        yaxis=dict(visible=False), hoverlabel=dict(align="left"),
+        legend=dict(orientation="h", y=-0.02, yanchor="top", entrywidth=125, font=dict(size=11)),
+    )
+    return fig
+
+
+# -- per-run charts --------------------------------------------------------------
+
+def _mark_changes(fig: go.Figure, events: list[RoundEvent]) -> None:
+    for index, changes in change_rounds(events):
+        what = ", ".join(f"{k} {a}→{b}" for k, (a, b) in changes.items())
+        fig.add_vline(x=index - 0.5, line=dict(color=CHANGE_COLOR, dash="dot", width=1.5))
+        fig.add_annotation(x=index - 0.5, y=1, yref="paper", text="⚙", showarrow=False,
+                           hovertext=html.escape(f"round {index}: {what}"), font=dict(color=CHANGE_COLOR))
+
+
+def _chart_layout(fig: go.Figure, title: str, ytitle: str) -> go.Figure:
+    fig.update_layout(title=dict(text=title, font=dict(size=13)), height=300, barmode="stack",
+                      margin=dict(l=10, r=10, t=50, b=40), plot_bgcolor="#ffffff", uirevision="charts",
+                      legend=dict(orientation="h", y=-0.25), xaxis=dict(gridcolor="#eeeeee"),
+                      yaxis=dict(title=ytitle, gridcolor="#eeeeee"))
+    return fig
+
+
+def accepted_length_figure(events: list[RoundEvent]) -> go.Figure:
+    """Tokens per round, stacked: accepted drafts + the target's own token. The mean is drawn dashed."""
+    dec = decode_rounds(events)
+    if not dec:
+        return empty_figure("Accepted length per round: no decoding round yet.", 300)
+    xs = [ev.index for ev in dec]
+    drafts = [accepted_drafts(ev) for ev in dec]
+    own = [len(ev.emitted) - d for ev, d in zip(dec, drafts)]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=xs, y=drafts, name="accepted drafts", marker_color=STATUS_COLORS["accepted"]))
+    fig.add_trace(go.Bar(x=xs, y=own, name="target token", marker_color=TARGET_COLORS["correction"]))
+    mean = sum(len(ev.emitted) for ev in dec) / len(dec)
+    fig.add_hline(y=mean, line=dict(color="#212121", dash="dash", width=1))
+    _mark_changes(fig, events)
+    return _chart_layout(fig, f"Accepted length per round: mean {mean:.2f}<br><sup>tokens per target forward, "
+                              f"n = {len(dec)} rounds (prefill excluded)</sup>", "tokens")
+
+
+def depth_acceptance_figure(events: list[RoundEvent]) -> go.Figure:
+    """Acceptance rate per tree depth, with the denominator on every bar."""
+    rows = depth_acceptance(events)
+    if not rows:
+        return empty_figure("Acceptance per depth: no speculative round yet.", 300)
+    fig = go.Figure(go.Bar(
+        x=[r["depth"] for r in rows], y=[r["rate"] for r in rows], marker_color=STATUS_COLORS["accepted"],
+        text=[f"{r['accepted']}/{r['reached']}" for r in rows], textposition="outside", name="accepted ÷ reached",
+        customdata=[[r["accepted"], r["reached"], _p(r["given_prev"])] for r in rows],
+        hovertemplate="depth %{x}: %{customdata[0]} of %{customdata[1]} rounds accepted a depth-%{x} draft"
+                      "<br>given depth %{x}−1 accepted: %{customdata[2]}<extra></extra>"))
+    fig = _chart_layout(fig, "Acceptance rate per depth<br><sup>accepted ÷ speculative rounds whose tree had "
+                             "depth-d drafts (the denominator)</sup>", "rate")
+    fig.update_layout(yaxis=dict(range=[0, 1.15]), xaxis=dict(title="depth d", dtick=1), showlegend=False)
+    return fig
+
+
+def throughput_figure(events: list[RoundEvent]) -> go.Figure:
+    """Tokens/s per round and cumulative, from the engine's own timings (UI time excluded)."""
+    if not events:
+        return empty_figure("Tokens/s: no round yet.", 300)
+    xs, per_round, cumulative = [], [], []
+    toks, secs = 0, 0.0
+    for ev in events:
+        ms = ev.timings.get("total", 0.0)
+        toks += len(ev.emitted)
+        secs += ms / 1e3
+        xs.append(ev.index)
+        per_round.append(len(ev.emitted) / (ms / 1e3) if ms > 0 else None)
+        cumulative.append(toks / secs if secs > 0 else None)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=xs, y=per_round, mode="markers", name="this round",
+                             marker=dict(color="#90caf9", size=6)))
+    fig.add_trace(go.Scatter(x=xs, y=cumulative, mode="lines", name="cumulative", line=dict(color=KEPT_COLOR)))
+    _mark_changes(fig, events)
+    last = cumulative[-1]
+    return _chart_layout(fig, f"Tokens/s: {'n/a' if last is None else f'{last:.1f}'} overall"
+                              "<br><sup>engine time per round (UI excluded)</sup>", "tokens/s")
+
+
+# -- the sampler view ------------------------------------------------------------
+
+def sampler_figure(rows: list[dict], token_text: Callable[[int], str], params: dict, position: int,
+                   note: str = "") -> go.Figure:
+    """Top tokens of the target distribution; those the filters remove are greyed out.
+
+    Args:
+        rows: `specdec.sampler.filter_stages` output (prob = after temperature only).
+        token_text: token id -> its text.
+        params: the SamplingParams as a dict.
+        position: index of the predicted token (the context length).
+    """
+    if not rows:
+        return empty_figure("Sampler view: type a prompt.", 300)
+    labels = [label(token_text(r["token_id"]), 10) for r in rows]
+    kept = [i for i, r in enumerate(rows) if r["removed_by"] is None]
+    gone = [i for i, r in enumerate(rows) if r["removed_by"] is not None]
+
+    def custom(i):
+        r = rows[i]
+        return [label(token_text(r["token_id"]), 30), r["token_id"], _p(r["prob"]), _p(r["filtered_prob"]),
+                r["removed_by"] or "kept"]
+
+    hover = ("<b>%{customdata[0]}</b> (id %{customdata[1]})<br>p after temperature %{customdata[2]}"
+             "<br>p after filters %{customdata[3]}<br>%{customdata[4]}<extra></extra>")
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=kept, y=[rows[i]["prob"] for i in kept], name="kept", marker_color=KEPT_COLOR,
+                         customdata=[custom(i) for i in kept], hovertemplate=hover))
+    fig.add_trace(go.Bar(x=gone, y=[rows[i]["prob"] for i in gone], name="filtered out",
+                         marker_color=REMOVED_COLOR, customdata=[custom(i) for i in gone], hovertemplate=hover,
+                         text=[rows[i]["removed_by"].replace("_", "-") for i in gone], textposition="outside",
+                         textfont=dict(size=9, color="#9e9e9e")))
+    fig.add_trace(go.Scatter(x=kept, y=[rows[i]["filtered_prob"] for i in kept], mode="markers",
+                             name="after filters (renormalised)", marker=dict(symbol="diamond", size=8,
+                                                                              color="#ef6c00")))
+    t = params.get("temperature", 0)
+    desc = "greedy (argmax)" if not t else (f"T={t:g} · top-k {params.get('top_k') or 'off'} · "
+                                            f"top-p {params.get('top_p'):g} · min-p {params.get('min_p'):g}")
+    sub = desc + (f"<br>{html.escape(note)}" if note else "")
+    fig.update_layout(
+        title=dict(text=f"Next token #{position}: {len(kept)} of top {len(rows)} kept<br><sup>{sub}</sup>",
+                   font=dict(size=13)),
+        height=340, barmode="overlay", bargap=0.15, margin=dict(l=10, r=10, t=70, b=60),
+        plot_bgcolor="#ffffff", uirevision="sampler", legend=dict(orientation="h", y=-0.3),
+        xaxis=dict(tickmode="array", tickvals=list(range(len(rows))), ticktext=labels, tickangle=-45),
+        # log scale: a flat distribution over a large vocabulary and its renormalised top-k
+        # differ by orders of magnitude, and both must stay visible.
+        yaxis=dict(title="probability (log)", type="log", gridcolor="#eeeeee"),
+    )
+    return fig

@@ -1,0 +1,179 @@
+"""Per-session state: the live settings a running generation reads, and the last run.
+
+One `Session` lives in each user's `gr.State`. Gradio copies the default
+once per session and then hands every event of that session the same
+object, so a slider handler can update `Session.live` while a generator
+of the same session reads it once per round (live tuning). Nothing here
+is shared between users.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field, replace
+
+from specdec import RoundEvent, SamplingParams
+
+# UI ranges. Gradio's sliders reject values outside them, and `Settings.validate`
+# checks them again for calls that bypass the sliders.
+TEMPERATURE_MAX = 2.0
+TOP_K_MAX = 200
+MAX_NEW_TOKENS_MAX = 512
+SEED_MAX = 2**31 - 1
+
+ACCEPTANCE_CHOICES = (
+    ("lossless sampling (exact)", "lossless"),
+    ("greedy (argmax match; ignores temperature)", "greedy"),
+    ("typical acceptance (LOSSY)", "typical"),
+)
+LIVE_KEYS = ("temperature", "top_k", "top_p", "min_p")  # what moving a slider changes mid-run
+
+
+def _number(name: str, value, lo: float, hi: float, integer: bool = False, lo_open: bool = False):
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"`{name}` must be a number, got {value!r}")
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        raise ValueError(f"`{name}` must be finite, got {value!r}")
+    if integer:
+        if float(value) != int(value):
+            raise ValueError(f"`{name}` must be an integer, got {value!r}")
+        value = int(value)
+    ok = (lo < value if lo_open else lo <= value) and value <= hi
+    if not ok:
+        interval = f"{'(' if lo_open else '['}{lo}, {hi}]"
+        raise ValueError(f"`{name}` must be in {interval}, got {value!r}")
+    return value if integer else float(value)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the controls set. Validated by `Settings.validate`."""
+
+    temperature: float = 0.7  # 0 = greedy
+    top_k: int = 50  # 0 = off
+    top_p: float = 0.95  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    max_new_tokens: int = 64
+    seed: int = 0  # -1 draws a fresh seed per run
+    tree: str = "default"  # a draft_tree preset name, or "trained"
+    acceptance: str = "lossless"  # "lossless", "greedy" or "typical" (lossy)
+    speculative: bool = True
+
+    @classmethod
+    def validate(cls, temperature, top_k, top_p, min_p, max_new_tokens=64, seed=0, tree="default",
+                 acceptance="lossless", speculative=True, trees=None) -> "Settings":
+        """Check raw control values (from the UI or the API); raise ValueError naming the bad one."""
+        rules = [v for _, v in ACCEPTANCE_CHOICES]
+        if acceptance not in rules:
+            raise ValueError(f"`acceptance` must be one of {rules}, got {acceptance!r}")
+        if trees is not None and tree not in trees:
+            raise ValueError(f"`tree` must be one of {list(trees)}, got {tree!r}")
+        if not isinstance(speculative, bool):
+            raise ValueError(f"`speculative` must be true or false, got {speculative!r}")
+        seed = -1 if seed is None else seed
+        return cls(
+            temperature=_number("temperature", temperature, 0.0, TEMPERATURE_MAX),
+            top_k=_number("top_k", top_k, 0, TOP_K_MAX, integer=True),
+            top_p=_number("top_p", top_p, 0.0, 1.0, lo_open=True),
+            min_p=_number("min_p", min_p, 0.0, 1.0),
+            max_new_tokens=_number("max_new_tokens", max_new_tokens, 1, MAX_NEW_TOKENS_MAX, integer=True),
+            seed=_number("seed", seed, -1, SEED_MAX, integer=True),
+            tree=tree, acceptance=acceptance, speculative=speculative,
+        )
+
+    def sampling_params(self, seed: int | None = None) -> SamplingParams:
+        """The engine's params. The greedy rule means argmax everywhere, so it forces temperature 0."""
+        temperature = 0.0 if self.acceptance == "greedy" else self.temperature
+        return SamplingParams(temperature=temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+                              seed=seed)
+
+    def with_live(self, temperature, top_k, top_p, min_p) -> "Settings":
+        """These settings with new slider values (validated)."""
+        checked = Settings.validate(temperature, top_k, top_p, min_p)
+        return replace(self, **{k: getattr(checked, k) for k in LIVE_KEYS})
+
+    def resolved_seed(self) -> int:
+        return random.SystemRandom().randrange(SEED_MAX) if self.seed < 0 else self.seed
+
+
+@dataclass
+class Run:
+    """One generation: its id, prompt, settings at the start, and the events so far."""
+
+    run_id: int
+    prompt: str
+    prompt_ids: list[int]
+    settings: Settings
+    seed: int
+    events: list[RoundEvent] = field(default_factory=list)
+    stopped: bool = False  # Stop was pressed (or the session went away)
+    done: bool = False
+
+    def record(self, event: RoundEvent) -> None:
+        """The engine's `on_round` callback: keep every event for the round slider and the charts."""
+        self.events.append(event)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t.token_id for ev in self.events for t in ev.emitted]
+
+    @property
+    def text(self) -> str:
+        return "".join(ev.text for ev in self.events)
+
+
+@dataclass
+class Session:
+    """One user's state. Holds plain values only, so Gradio can deepcopy the default."""
+
+    live: Settings = field(default_factory=Settings)  # read once per round by the running generation
+    run: Run | None = None  # the last Generate run: the round slider and the charts read it
+    active: Run | None = None  # whatever runs now (a Generate or a Compare run); Stop stops it
+    runs_started: int = 0
+    sampler_key: tuple | None = None  # token ids whose next-token logits are cached below
+    sampler_logits: object = None  # [V] float32 tensor, or None
+
+    def start_run(self, prompt: str, prompt_ids: list[int], settings: Settings, main: bool = True) -> Run:
+        """A new run; it supersedes (stops) any unfinished run of this session."""
+        self.request_stop()
+        self.runs_started += 1
+        run = Run(self.runs_started, prompt, list(prompt_ids), settings, settings.resolved_seed())
+        self.active = run
+        if main:
+            self.live = settings
+            self.run = run
+        return run
+
+    def finish(self, run: Run) -> None:
+        run.done = True
+        if self.active is run:
+            self.active = None
+
+    @property
+    def running(self) -> bool:
+        return self.active is not None and not self.active.done
+
+    def live_params(self) -> SamplingParams:
+        """Read by the engine once per round: the current slider values."""
+        seed = self.run.seed if self.run is not None else None
+        return self.live.sampling_params(seed)
+
+    def should_stop(self, run: Run):
+        """A callable for the engine: True once Stop was pressed or a newer run replaced this one."""
+        return lambda: run.stopped or self.active is not run
+
+    def request_stop(self) -> None:
+        if self.active is not None:
+            self.active.stopped = True
+
+    def clear(self) -> None:
+        self.request_stop()
+        self.active = None
+        self.run = None
+
+
+def params_changed(prev: dict | None, cur: dict) -> dict[str, tuple]:
+    """{key: (old, new)} for the live keys that differ between two events' params."""
+    if prev is None:
+        return {}
+    return {k: (prev.get(k), cur.get(k)) for k in LIVE_KEYS if prev.get(k) != cur.get(k)}

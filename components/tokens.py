@@ -1,0 +1,71 @@
+"""The coloured token stream: escaped HTML spans with a hover title per token.
+
+The stream is append-only (no wrapper element, the container's CSS class
+comes from `gr.HTML(elem_classes=...)`), so each streamed update only adds
+the new round's spans and Gradio can send it as an "append" diff.
+"""
+from __future__ import annotations
+
+import html
+
+from specdec import RoundEvent
+
+from .session import params_changed
+
+KIND_LABELS = {
+    "accepted": "accepted draft",
+    "correction": "correction (target resampled)",
+    "bonus": "bonus (target, after a full path)",
+    "baseline": "baseline (plain decoding)",
+}
+KIND_COLORS = {  # background colours; the same hues as the tree plot
+    "accepted": "#c8e6c9",
+    "correction": "#ffe0b2",
+    "bonus": "#bbdefb",
+    "baseline": "#e0e0e0",
+}
+
+
+def _prob(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def token_title(round_index: int, kind: str, draft_prob: float | None, target_prob: float | None) -> str:
+    return (f"round {round_index} · {KIND_LABELS.get(kind, kind)} · "
+            f"draft q={_prob(draft_prob)} · target p={_prob(target_prob)}")
+
+
+def _format_change(changes: dict[str, tuple]) -> str:
+    return ", ".join(f"{k} {old}→{new}" for k, (old, new) in changes.items())
+
+
+def render_round(event: RoundEvent, prev_params: dict | None = None) -> str:
+    """HTML spans for one round's emitted tokens, preceded by a marker if the settings changed."""
+    out = []
+    changes = params_changed(prev_params, event.params)
+    if changes:
+        title = html.escape(f"settings changed before round {event.index}: {_format_change(changes)}", quote=True)
+        out.append(f'<span class="sd-change" data-round="{event.index}" title="{title}">⚙</span>')
+    for tok in event.emitted:
+        kind = tok.kind if tok.kind in KIND_COLORS else "baseline"
+        title = html.escape(token_title(event.index, kind, tok.draft_prob, tok.target_prob), quote=True)
+        classes = f"sd-tok sd-{kind}" + (" sd-nl" if "\n" in tok.text else "") + ("" if tok.text else " sd-partial")
+        out.append(f'<span class="{classes}" data-round="{event.index}" title="{title}">'
+                   f"{html.escape(tok.text, quote=False)}</span>")
+    return "".join(out)
+
+
+def render_tokens(events: list[RoundEvent]) -> str:
+    """The whole stream: `render_round` over every event, tracking settings changes."""
+    parts, prev = [], None
+    for ev in events:
+        parts.append(render_round(ev, prev))
+        prev = ev.params
+    return "".join(parts)
+
+
+def legend_html(kinds=("accepted", "correction", "bonus", "baseline")) -> str:
+    items = "".join(f'<span class="sd-tok sd-{k}">{html.escape(KIND_LABELS[k])}</span>' for k in kinds)
+    return (f'<div class="sd-legend"><b>Token origin:</b> {items}'
+            f'<span class="sd-change">⚙</span> settings changed · hover a token for its round and '
+            f"probabilities</div>")

@@ -1,0 +1,128 @@
+"""`python -m specdec.train {tokenizer,data,lm,heads} ...`
+
+Reproduces the embedded model in assets/ (see assets/README.md for the
+exact commands) and trains Medusa heads for any HF causal LM.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+
+def _logging(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
+                        handlers=[logging.FileHandler(path), logging.StreamHandler(sys.stderr)])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m specdec.train", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    t = sub.add_parser("tokenizer", help="train a byte-level BPE on the local Python corpus")
+    t.add_argument("--out", required=True)
+    t.add_argument("--vocab-size", type=int, default=8192)
+    t.add_argument("--max-chars", type=int, default=60_000_000)
+
+    d = sub.add_parser("data", help="tokenise the local Python corpus into train/valid arrays")
+    d.add_argument("--tokenizer", required=True)
+    d.add_argument("--out", required=True)
+    d.add_argument("--max-chars", type=int, default=300_000_000)
+
+    m = sub.add_parser("lm", help="train the Llama backbone")
+    m.add_argument("--data", required=True)
+    m.add_argument("--tokenizer", required=True)
+    m.add_argument("--out", required=True)
+    m.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    m.add_argument("--max-seconds", type=float, default=0.0)
+    m.add_argument("--max-tokens", type=int, default=0)
+    m.add_argument("--hidden-size", type=int, default=256)
+    m.add_argument("--num-layers", type=int, default=8)
+    m.add_argument("--num-heads", type=int, default=4)
+    m.add_argument("--intermediate-size", type=int, default=768)
+    m.add_argument("--batch-size", type=int, default=64)
+    m.add_argument("--seq-len", type=int, default=512)
+    m.add_argument("--lr", type=float, default=2e-3)
+    m.add_argument("--context", type=int, default=1024)
+    m.add_argument("--warmup-steps", type=int, default=300)
+    m.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch default)")
+    m.add_argument("--no-resume", action="store_true")
+
+    h = sub.add_parser("heads", help="train Medusa heads for any HF causal LM (backbone frozen)")
+    h.add_argument("--model", required=True, help="hub id or local path")
+    h.add_argument("--out", required=True)
+    h.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    h.add_argument("--num-heads", type=int, default=4)
+    h.add_argument("--num-layers", type=int, default=1)
+    h.add_argument("--shared-lm-head", action="store_true", help="reuse the model's lm_head (small on disk)")
+    h.add_argument("--num-seqs", type=int, default=4096)
+    h.add_argument("--valid-seqs", type=int, default=256)
+    h.add_argument("--prompt-len", type=int, default=48)
+    h.add_argument("--gen-len", type=int, default=192)
+    h.add_argument("--gen-batch", type=int, default=256)
+    h.add_argument("--batch-size", type=int, default=32)
+    h.add_argument("--lr", type=float, default=1e-3)
+    h.add_argument("--max-seconds", type=float, default=120.0)
+    h.add_argument("--max-steps", type=int, default=0)
+
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    _logging(out / "train.log" if a.cmd != "tokenizer" else out.parent / "tokenizer.log")
+    if a.cmd == "tokenizer":
+        from .tokenizer import train_tokenizer
+        train_tokenizer(out, a.vocab_size, a.max_chars)
+    elif a.cmd == "data":
+        from transformers import AutoTokenizer
+
+        from .data import build_token_arrays
+        info = build_token_arrays(AutoTokenizer.from_pretrained(a.tokenizer), out, a.max_chars)
+        print(json.dumps({k: v for k, v in info.items() if k in ("train", "valid")}))
+    elif a.cmd == "lm":
+        from transformers import AutoTokenizer
+
+        from .lm import LMConfig, train_lm
+        cfg = LMConfig(hidden_size=a.hidden_size, num_layers=a.num_layers, num_heads=a.num_heads,
+                       intermediate_size=a.intermediate_size, batch_size=a.batch_size, seq_len=a.seq_len,
+                       lr=a.lr, max_seconds=a.max_seconds, max_tokens=a.max_tokens, context=a.context,
+                       warmup_steps=a.warmup_steps)
+        if a.threads:
+            import torch
+            torch.set_num_threads(a.threads)
+        metrics = train_lm(a.data, AutoTokenizer.from_pretrained(a.tokenizer), out, cfg, a.device,
+                           resume=not a.no_resume)
+        print(json.dumps({k: v for k, v in metrics.items() if k != "config"}))
+    elif a.cmd == "heads":
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from .medusa import train_heads
+        if (os.path.sep in a.model or a.model.startswith(".")) and not os.path.isdir(a.model):
+            ap.error(f"--model path {a.model!r} does not exist")
+        try:
+            model = AutoModelForCausalLM.from_pretrained(a.model, dtype="float32")
+            tok = AutoTokenizer.from_pretrained(a.model)
+        except OSError as e:
+            ap.error(f"cannot load --model {a.model!r}: {e}")
+        variant = {"num_heads": a.num_heads, "num_layers": a.num_layers, "shared_lm_head": a.shared_lm_head}
+        metrics = train_heads(model, tok, out, {"heads": variant}, num_seqs=a.num_seqs, prompt_len=a.prompt_len,
+                              gen_len=a.gen_len, gen_batch=a.gen_batch, batch=a.batch_size, lr=a.lr,
+                              max_seconds=a.max_seconds, max_steps=a.max_steps, valid_seqs=a.valid_seqs,
+                              device=a.device)
+        v = metrics["variants"]["heads"]
+        print(json.dumps({"top1": v["top1"], "top5": v["top5"], "out": str(out / "heads")}))
+    return 0
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

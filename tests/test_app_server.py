@@ -1,0 +1,187 @@
+"""A real app server on a free port, on the embedded default model, driven with gradio_client."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+
+import specdec
+from app import build_demo, launch_kwargs
+
+GREEDY = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, tree="small", acceptance="lossless",
+              speculative=True)
+SEEN: list[specdec.RoundEvent] = []  # every round of every Generate run, via the on_round hook
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    loaded = specdec.load(device="cpu")
+    demo = build_demo(loaded, max_prompt_tokens=64, figure_interval=0.2, on_round=[SEEN.append])
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
+                            quiet=True, **launch_kwargs())
+    yield url, loaded
+    demo.close()
+
+
+def client(url: str) -> Client:
+    return Client(url, verbose=False, download_files=False)
+
+
+def round_json(outputs) -> dict:
+    return outputs[-1]  # the last output of /generate is the per-round JSON record
+
+
+def wait_for(job, pred, timeout: float = 60.0):
+    """Poll a streaming job's outputs until `pred(latest)` holds; return the latest output."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        outs = job.outputs()
+        if outs and round_json(outs[-1]) and pred(round_json(outs[-1])):
+            return outs[-1]
+        if job.done():
+            break
+        time.sleep(0.05)
+    raise AssertionError(f"condition not reached; last outputs: {job.outputs()[-1:]}")
+
+
+@pytest.mark.timeout(90)
+def test_streams_round_by_round_and_matches_the_library(server):
+    url, loaded = server
+    prompt = "def fibonacci(n):"
+    updates = list(client(url).submit(prompt=prompt, max_new_tokens=16, **GREEDY, api_name="/generate"))
+    rounds = [round_json(u)["round"] for u in updates]
+    assert rounds[0] == 0 and len(set(rounds)) >= 3 and rounds == sorted(rounds)
+    texts = [round_json(u)["text"] for u in updates]
+    assert all(a == b[: len(a)] for a, b in zip(texts, texts[1:]))  # grows round by round
+    final = updates[-1]
+    ref = specdec.generate(loaded, prompt, max_new_tokens=16, tree="small")
+    assert round_json(final)["text"] == ref.text and round_json(final)["finished"] == "length"
+    assert final[0].count('class="sd-tok') == 16  # coloured token spans
+    assert json.loads(final[2]["plot"])["data"]  # the tree plot was sent
+    assert "mean accepted length" in final[1]
+
+
+@pytest.mark.timeout(90)
+def test_bad_inputs_error_and_the_app_keeps_serving(server):
+    url, _ = server
+    c = client(url)
+    cases = [
+        (dict(prompt=""), "empty"),
+        (dict(prompt="   \n"), "empty"),
+        (dict(prompt="x " * 300), "limit"),
+        (dict(prompt="ok", temperature=5.0), "maximum"),
+        (dict(prompt="ok", top_k=-3), "minimum"),
+        (dict(prompt="ok", top_p=0.0), "minimum"),
+        (dict(prompt="ok", max_new_tokens=100_000), "maximum"),
+        (dict(prompt="ok", seed=-7), "minimum"),
+        (dict(prompt="ok", tree="enormous"), ""),
+        (dict(prompt="ok", acceptance="yolo"), ""),
+    ]
+    for kwargs, words in cases:
+        with pytest.raises(AppError) as err:
+            c.predict(**{**GREEDY, "max_new_tokens": 4, **kwargs}, api_name="/generate")
+        assert words.lower() in str(err.value).lower(), (kwargs, str(err.value))
+    with pytest.raises(AppError):
+        c.predict(prompt="ok", temperature=-1.0, top_k=0, top_p=1.0, min_p=0.0, acceptance="lossless",
+                  api_name="/set_sampling")
+    out = c.predict(prompt="class Stack:", max_new_tokens=4, **GREEDY, api_name="/generate")
+    assert round_json(out)["new_tokens"] == 4
+
+
+@pytest.mark.timeout(120)
+def test_four_concurrent_clients_finish_without_leaking_state(server):
+    url, loaded = server
+    prompts = ["def fibonacci(n):", "class Stack:", "import os\n", "def is_prime(n):"]
+    results: dict[int, tuple] = {}
+
+    def one(i: int) -> None:
+        c = client(url)
+        seed = 100 + i
+        outs = list(c.submit(prompt=prompts[i], max_new_tokens=10, **{**GREEDY, "temperature": 0.8, "seed": seed},
+                             api_name="/generate"))
+        results[i] = (seed, outs[-1])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=110)
+    assert sorted(results) == [0, 1, 2, 3]
+    for i, (seed, out) in results.items():
+        rec = round_json(out)
+        ref = specdec.generate(loaded, prompts[i], max_new_tokens=10, temperature=0.8, top_p=1.0, seed=seed,
+                               tree="small")
+        assert rec["run"] == 1, "each client has its own session, whose first run is run 1"
+        assert rec["seed"] == seed and rec["params"]["seed"] == seed
+        assert rec["text"] == ref.text, f"client {i} got another session's text"
+        assert out[0].startswith(f'<span class="sd-prompt" title="prompt">{prompts[i][:5]}')
+
+
+@pytest.mark.timeout(90)
+def test_stop_halts_within_a_round_and_live_tuning_applies(server):
+    url, _ = server
+    c = client(url)
+    job = c.submit(prompt="def quicksort(arr):", max_new_tokens=400, **GREEDY, api_name="/generate")
+    wait_for(job, lambda r: r["round"] >= 1)
+    c.predict(prompt="def quicksort(arr):", temperature=1.3, top_k=5, top_p=1.0, min_p=0.0, acceptance="lossless",
+              api_name="/set_sampling")
+    last = wait_for(job, lambda r: r["params"]["temperature"] == 1.3)
+    assert round_json(last)["params"]["top_k"] == 5
+    t0 = time.monotonic()
+    c.predict(api_name="/stop")
+    while not job.done():
+        time.sleep(0.05)
+        assert time.monotonic() - t0 < 20, "Stop did not halt the run"
+    final = round_json(job.outputs()[-1])
+    assert final["finished"] == "stopped" and final["new_tokens"] < 400
+    assert "settings changed" in job.outputs()[-1][1]
+
+
+@pytest.mark.timeout(90)
+def test_compare_reports_speedup_and_identity_for_greedy(server):
+    url, _ = server
+    md, spec_html, base_html = client(url).predict(prompt="def f(x):", max_new_tokens=8, **GREEDY,
+                                                   api_name="/compare")
+    assert "speedup" in md and "identical" in md
+    assert spec_html.count("sd-tok") == 8 and base_html.count("sd-baseline") == 8
+
+
+@pytest.mark.timeout(90)
+def test_a_disconnected_client_frees_the_model(server):
+    """Open the SSE stream by hand, read a few rounds, drop the connection: the run must stop."""
+    url, _ = server
+    fn = next(d["id"] for d in client(url).config["dependencies"] if d.get("api_name") == "generate")
+    session_hash = "disconnect-test"
+    seed = 4242  # marks this run's events in SEEN
+    data = ["def fibonacci(n):", 0.0, 0, 1.0, 0.0, 500, seed, "small", "lossless", True, None]
+    api = url.rstrip("/") + "/gradio_api"
+    httpx.post(f"{api}/queue/join", json={"data": data, "fn_index": fn, "session_hash": session_hash,
+                                          "event_data": None, "trigger_id": None}).raise_for_status()
+    mine = lambda: sum(1 for ev in SEEN if ev.params.get("seed") == seed)  # noqa: E731
+    with httpx.stream("GET", f"{api}/queue/data", params={"session_hash": session_hash}, timeout=60) as r:
+        for line in r.iter_lines():
+            if '"process_generating"' in line and mine() >= 2:
+                break
+    t0 = time.monotonic()
+    while True:  # the loop must stop growing once the server notices the disconnect
+        n = mine()
+        time.sleep(1.5)
+        if mine() == n:
+            break
+        assert time.monotonic() - t0 < 30, "the run kept going after the client left"
+    assert n < 500
+    # and the model queue serves the next client
+    out = client(url).predict(prompt="class Stack:", max_new_tokens=3, **GREEDY, api_name="/generate")
+    assert round_json(out)["new_tokens"] == 3

@@ -1,0 +1,348 @@
+"""UI components from synthetic round events: plots, token rendering, stats, session state, handlers."""
+from __future__ import annotations
+
+import gradio as gr
+import plotly.graph_objects as go
+import pytest
+import torch
+
+import specdec
+from components import plots
+from components.handlers import Handlers, Throttle, round_markdown
+from components.session import Session, Settings, params_changed
+from components.stats import change_rounds, depth_acceptance, stats_markdown, summarize
+from components.tokens import KIND_COLORS, legend_html, render_round, render_tokens
+from specdec import EmittedToken, RoundEvent, TreeNode
+
+P0 = {"temperature": 0.7, "top_k": 50, "top_p": 0.95, "min_p": 0.0, "seed": 1}
+
+
+def node(tok, text, parent, depth, rank, q, p, status):
+    return TreeNode(tok, text, parent, depth, rank, q, p, status)
+
+
+def tree_event(index: int = 1, params: dict | None = None) -> RoundEvent:
+    """root -> ' fib' (accepted) -> '(n' (accepted) -> '):' (rejected); a correction '\\n' follows.
+
+    Node ids: 0 root, 1 ' fib' (d1 r0, accepted), 2 '<b>' (d1 r1, not reached), 3 '(' (d2 r0, rejected),
+    4 '(n' (d2 r1, accepted), 5 '):' (d3 r0, rejected), 6 'x' (d2 r0 under node 2, not reached).
+    """
+    nodes = (
+        node(10, "def", -1, 0, -1, None, None, "root"),
+        node(11, " fib", 0, 1, 0, 0.6, 0.7, "accepted"),
+        node(12, "<b>", 0, 1, 1, 0.2, None, "not_reached"),
+        node(13, "(", 1, 2, 0, 0.5, 0.1, "rejected"),
+        node(14, "(n", 1, 2, 1, 0.3, 0.8, "accepted"),
+        node(15, "):", 4, 3, 0, 0.4, 0.05, "rejected"),
+        node(16, "x", 2, 2, 0, 0.1, None, "not_reached"),
+    )
+    emitted = (EmittedToken(11, " fib", "accepted", 0.6, 0.7), EmittedToken(14, "(n", "accepted", 0.3, 0.8),
+               EmittedToken(17, "\n", "correction", None, 0.5))
+    return RoundEvent(index, nodes, (0, 1, 4), emitted, dict(params or P0), "lossless", True,
+                      {"draft": 1.0, "forward": 8.0, "verify": 1.0, "total": 10.0}, 3 * index + 1)
+
+
+def prefill_event(params: dict | None = None, kind: str = "bonus") -> RoundEvent:
+    return RoundEvent(0, (), (), (EmittedToken(9, "x", kind, None, 0.9),), dict(params or P0),
+                      "lossless", kind != "baseline", {"forward": 20.0, "total": 20.0}, 1, prompt_tokens=4)
+
+
+def plain_event(index: int) -> RoundEvent:
+    return RoundEvent(index, (), (0,), (EmittedToken(20 + index, "y", "baseline", None, 0.4),), dict(P0), "plain",
+                      False, {"forward": 5.0, "total": 5.0}, index + 1)
+
+
+def by_name(fig: go.Figure) -> dict[str, go.Scatter]:
+    return {t.name: t for t in fig.data}
+
+
+# -- the draft tree figure ---------------------------------------------------------
+
+def test_tree_figure_nodes_statuses_and_colours():
+    fig = plots.tree_figure(tree_event())
+    traces = by_name(fig)
+    expected = {"root (committed)": 1, "accepted": 2, "rejected": 2, "not reached": 2}
+    for name, count in expected.items():
+        assert len(traces[name].x) == count, name
+    assert traces["accepted"].marker.color == plots.STATUS_COLORS["accepted"]
+    assert traces["rejected"].marker.color == plots.STATUS_COLORS["rejected"]
+    assert traces["not reached"].marker.color == plots.STATUS_COLORS["not_reached"]
+    # node ids carried in the hover data, in status order
+    assert [c[7] for c in traces["accepted"].customdata] == [1, 4]
+    assert [c[7] for c in traces["rejected"].customdata] == [3, 5]
+    assert sum(len(t.x) for n, t in traces.items() if n in expected) == 7
+
+
+def test_tree_figure_edges_and_bold_accepted_path():
+    fig = plots.tree_figure(tree_event())
+    traces = by_name(fig)
+    edges, path = traces["draft edges"], traces["accepted path"]
+    assert list(edges.x).count(None) == 4  # 6 edges, 2 of them on the accepted path
+    assert list(path.x).count(None) == 2
+    assert path.line.width > edges.line.width
+    # the accepted path goes root (depth 0) -> depth 1 -> depth 2
+    assert [x for x in path.x if x is not None] == [0.0, 1.0, 1.0, 2.0]
+    # the correction hangs off the last accepted node, dashed
+    target = traces["target token (correction)"]
+    assert target.marker.color == plots.TARGET_COLORS["correction"]
+    assert target.x[0] == 3.0
+
+
+def test_tree_figure_hover_has_rank_and_probs_and_labels_are_escaped():
+    fig = plots.tree_figure(tree_event())
+    traces = by_name(fig)
+    nr = traces["not reached"]
+    i = [c[7] for c in nr.customdata].index(2)
+    assert nr.text[i] == "&lt;b&gt;"  # '<b>' must not become markup
+    assert nr.customdata[i][3] == 1  # rank
+    assert nr.customdata[i][4] == "0.2000" and nr.customdata[i][5] == "n/a"  # draft q, target p
+    assert "rank %{customdata[3]}" in nr.hovertemplate and "draft q" in nr.hovertemplate
+    acc = traces["accepted"]
+    assert acc.text[0] == "<b>␣fib</b>"  # accepted labels bold, whitespace made visible
+    assert "accepted 2 of 6 drafts" in fig.layout.title.text
+
+
+def test_tree_layout_centres_parents_between_children():
+    ev = tree_event()
+    xs, ys = plots.tree_layout(ev)
+    assert xs == [0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 2.0]
+    leaves = [3, 5, 6]
+    assert len({ys[i] for i in leaves}) == 3
+    assert ys[1] == pytest.approx((ys[3] + ys[4]) / 2)
+    assert ys[3] > ys[4]  # rank 0 above rank 1
+
+
+def test_tree_figure_without_tree_says_why():
+    for ev, words in ((prefill_event(), "prefill"), (plain_event(3), "plain decoding"), (None, "Generate")):
+        fig = plots.tree_figure(ev)
+        assert not fig.data
+        assert words in fig.layout.annotations[0].text
+
+
+def test_label_escapes_and_truncates():
+    assert plots.label("<script>alert(1)</script>", 40) == "&lt;script&gt;alert(1)&lt;/script&gt;"
+    assert plots.label(" a\n") == "␣a↵"
+    assert plots.label("") == "∅"
+    assert plots.label("abcdefghijklmnop", 5) == "abcd…"
+
+
+# -- charts ------------------------------------------------------------------------
+
+def run_events() -> list[RoundEvent]:
+    changed = dict(P0, temperature=1.2)
+    return [prefill_event(), tree_event(1), tree_event(2), tree_event(3, changed)]
+
+
+def test_accepted_length_figure_stacks_drafts_and_target_token():
+    fig = plots.accepted_length_figure(run_events())
+    t = by_name(fig)
+    assert list(t["accepted drafts"].x) == [1, 2, 3]
+    assert list(t["accepted drafts"].y) == [2, 2, 2]
+    assert list(t["target token"].y) == [1, 1, 1]
+    assert "mean 3.00" in fig.layout.title.text and "n = 3 rounds" in fig.layout.title.text
+    # the settings change before round 3 is marked
+    vlines = [s for s in fig.layout.shapes if s.x0 == s.x1]
+    assert [s.x0 for s in vlines] == [2.5]
+
+
+def test_depth_acceptance_states_the_denominator():
+    rows = depth_acceptance(run_events())
+    assert [(r["depth"], r["accepted"], r["reached"]) for r in rows] == [(1, 3, 3), (2, 3, 3), (3, 0, 3)]
+    assert rows[2]["rate"] == 0 and rows[2]["given_prev"] == 0
+    fig = plots.depth_acceptance_figure(run_events())
+    assert list(fig.data[0].text) == ["3/3", "3/3", "0/3"]
+    assert "denominator" in fig.layout.title.text
+
+
+def test_throughput_and_empty_charts():
+    fig = plots.throughput_figure(run_events())
+    t = by_name(fig)
+    assert t["this round"].y[1] == pytest.approx(3 / 0.010)
+    assert t["cumulative"].y[-1] == pytest.approx(10 / 0.050)
+    for builder in (plots.accepted_length_figure, plots.depth_acceptance_figure, plots.throughput_figure):
+        assert not builder([]).data
+    assert not plots.depth_acceptance_figure([prefill_event(), plain_event(1)]).data
+
+
+def test_sampler_figure_greys_out_filtered_tokens():
+    rows = [{"token_id": 1, "prob": 0.5, "filtered_prob": 0.6, "removed_by": None},
+            {"token_id": 2, "prob": 0.3, "filtered_prob": 0.4, "removed_by": None},
+            {"token_id": 3, "prob": 0.1, "filtered_prob": 0.0, "removed_by": "top_p"},
+            {"token_id": 4, "prob": 0.05, "filtered_prob": 0.0, "removed_by": "min_p"}]
+    fig = plots.sampler_figure(rows, lambda i: {1: " a", 2: "<b", 3: "c", 4: "d"}[i], P0, 7)
+    t = by_name(fig)
+    assert list(t["kept"].x) == [0, 1] and t["kept"].marker.color == plots.KEPT_COLOR
+    assert list(t["filtered out"].x) == [2, 3] and t["filtered out"].marker.color == plots.REMOVED_COLOR
+    assert list(t["filtered out"].text) == ["top-p", "min-p"]
+    assert list(fig.layout.xaxis.ticktext) == ["␣a", "&lt;b", "c", "d"]
+    assert "2 of top 4 kept" in fig.layout.title.text
+
+
+def test_sampler_figure_from_real_filter_stages():
+    from specdec.sampler import filter_stages
+    logits = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0, -1.0])
+    params = specdec.SamplingParams(temperature=1.0, top_k=3)
+    rows = filter_stages(logits, params, top=6)
+    fig = plots.sampler_figure(rows, str, params.to_dict(), 3)
+    assert len(by_name(fig)["kept"].x) == 3 and len(by_name(fig)["filtered out"].x) == 3
+
+
+# -- tokens ------------------------------------------------------------------------
+
+def test_render_round_colours_kinds_and_hover():
+    out = render_round(tree_event(4))
+    assert out.count('class="sd-tok') == 3
+    assert out.count("sd-accepted") == 2 and out.count("sd-correction") == 1
+    assert 'title="round 4 · accepted draft · draft q=0.600 · target p=0.700"' in out
+    assert "sd-nl" in out  # the newline token gets a visible marker
+    assert set(KIND_COLORS) == {"accepted", "correction", "bonus", "baseline"}
+
+
+def test_render_tokens_escapes_and_marks_settings_changes():
+    evil = RoundEvent(1, (), (0,), (EmittedToken(5, "<script>x</script>", "baseline", None, None),), dict(P0),
+                      "plain", False, {"total": 1.0}, 2)
+    out = render_tokens([prefill_event(kind="baseline"), evil])
+    assert "<script>" not in out and "&lt;script&gt;x&lt;/script&gt;" in out
+    assert "draft q=n/a" in out
+    events = run_events()
+    html = render_tokens(events)
+    assert html.count('class="sd-change"') == 1
+    assert "temperature 0.7→1.2" in html
+    # append-only: each round only adds to the end (streamed as an append diff)
+    assert html.startswith(render_tokens(events[:3]))
+    assert render_round(prefill_event()).count("sd-bonus") == 1
+
+
+def test_partial_utf8_token_renders_empty_span():
+    ev = RoundEvent(1, (), (0,), (EmittedToken(1, "", "baseline", None, 0.5), EmittedToken(2, "é", "baseline", None, 0.5)),
+                    dict(P0), "plain", False, {"total": 1.0}, 3)
+    out = render_round(ev)
+    assert "sd-partial" in out and ">é</span>" in out
+
+
+def test_legend_lists_every_kind():
+    out = legend_html()
+    for kind in ("accepted", "correction", "bonus", "baseline"):
+        assert f"sd-{kind}" in out
+
+
+# -- stats, settings, session --------------------------------------------------------
+
+def test_summarize_and_stats_line():
+    s = summarize(run_events(), wall_seconds=0.5)
+    assert s["rounds"] == 3 and s["new_tokens"] == 10 and s["accepted_drafts"] == 6
+    assert s["mean_accepted_length"] == 3.0
+    assert s["tokens_per_second"] == pytest.approx(10 / 0.05)
+    assert s["changes"] == 1 and not s["lossy"]
+    line = stats_markdown(s, stopped=True)
+    assert "over 3 rounds, prefill excluded" in line and "stopped" in line
+    assert change_rounds(run_events()) == [(3, {"temperature": (0.7, 1.2)})]
+    assert params_changed(None, P0) == {}
+
+
+def test_settings_validate_names_the_bad_value():
+    ok = Settings.validate(0.5, 10.0, 0.9, 0.1, 32.0, 3.0, "small", "typical", True, trees=["small"])
+    assert ok.top_k == 10 and isinstance(ok.top_k, int) and ok.max_new_tokens == 32 and ok.seed == 3
+    bad = [dict(temperature=-1), dict(temperature=float("nan")), dict(top_k=1.5), dict(top_k=-1), dict(top_p=0),
+           dict(min_p=2), dict(max_new_tokens=0), dict(seed=-2), dict(acceptance="fast"), dict(tree="huge"),
+           dict(temperature="hot"), dict(speculative="yes")]
+    base = dict(temperature=0.5, top_k=0, top_p=1.0, min_p=0.0, max_new_tokens=8, seed=0, tree="small",
+                acceptance="lossless", speculative=True)
+    for change in bad:
+        with pytest.raises(ValueError, match=next(iter(change))):
+            Settings.validate(**{**base, **change}, trees=["small"])
+
+
+def test_greedy_rule_forces_temperature_zero():
+    s = Settings(temperature=0.9, acceptance="greedy")
+    assert s.sampling_params(5).greedy and s.sampling_params(5).seed == 5
+    assert not Settings(temperature=0.9).sampling_params().greedy
+
+
+def test_session_live_params_and_stop():
+    session = Session()
+    run = session.start_run("p", [1, 2], Settings(temperature=0.5, seed=7))
+    stop = session.should_stop(run)
+    assert session.live_params().temperature == 0.5 and session.live_params().seed == 7
+    session.live = session.live.with_live(1.0, 5, 0.8, 0.1)
+    assert session.live_params().temperature == 1.0 and session.live_params().top_k == 5
+    assert not stop()
+    session.request_stop()
+    assert stop()
+    newer = session.start_run("p", [1], Settings())
+    assert session.run is newer and not session.should_stop(newer)()
+    session.finish(newer)
+    assert not session.running
+
+
+def test_throttle():
+    t = Throttle(60.0)
+    assert t() and not t() and t(force=True)
+
+
+# -- handlers on the embedded model (no server) ----------------------------------------
+
+@pytest.fixture(scope="module")
+def handlers() -> Handlers:
+    return Handlers(specdec.load(device="cpu"), max_prompt_tokens=64, figure_interval=0.0)
+
+
+CONTROLS = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, max_new_tokens=10, seed=0, tree="chain",
+                acceptance="lossless", speculative=True)
+
+
+def test_handler_generate_matches_the_library(handlers):
+    session = Session()
+    updates = list(handlers.generate("def fibonacci(n):", *CONTROLS.values(), session))
+    ref = specdec.generate(handlers.loaded, "def fibonacci(n):", max_new_tokens=10, tree="chain")
+    final = updates[-1][-1]
+    assert final["text"] == ref.text and final["finished"] == "length"
+    assert [u[-1]["round"] for u in updates[:-1]] == list(range(len(ref.rounds)))
+    assert isinstance(updates[-1][2], go.Figure) and isinstance(updates[-1][8], go.Figure)  # tree, sampler
+    assert session.run.done and len(session.run.events) == len(ref.rounds)
+    fig, info, event = handlers.show_round(1, session)
+    assert event["index"] == 1 and "Round 1" in info and "Round 1" in fig.layout.title.text
+    assert handlers.show_round(999, session)[2]["index"] == len(ref.rounds) - 1
+
+
+def test_handler_stop_and_live_tuning(handlers):
+    session = Session()
+    gen = handlers.generate("class Stack:", *{**CONTROLS, "max_new_tokens": 200}.values(), session)
+    first = next(gen)
+    assert first[-1]["round"] == 0
+    handlers.sampler_view("class Stack:", 1.5, 7, 0.9, 0.05, "lossless", session)
+    next(gen)
+    assert session.run.events[-1].params["temperature"] == 1.5
+    handlers.stop(session)
+    rest = list(gen)
+    assert rest[-1][-1]["finished"] == "stopped"
+    assert len(session.run.events) <= 3
+    assert "settings changed" in rest[-1][1]
+
+
+def test_handler_bad_inputs_raise_gr_error(handlers):
+    session = Session()
+    for prompt, change in (("", {}), ("   ", {}), ("x " * 200, {}), ("ok", {"top_p": 0.0}),
+                           ("ok", {"max_new_tokens": 10_000}), ("ok", {"tree": "nope"})):
+        with pytest.raises(gr.Error):
+            next(handlers.generate(prompt, *{**CONTROLS, **change}.values(), session))
+    assert session.run is None
+
+
+def test_handler_sampler_view_and_compare(handlers):
+    session = Session()
+    fig = handlers.sampler_view("def f(x):", 0.8, 5, 1.0, 0.0, "lossless", session)
+    assert len(by_name(fig)["kept"].x) == 5
+    key = session.sampler_key
+    fig = handlers.sampler_view("def f(x):", 0.8, 3, 1.0, 0.0, "lossless", session)
+    assert session.sampler_key == key and len(by_name(fig)["kept"].x) == 3  # cached logits, re-filtered
+    assert not handlers.sampler_view("", 0.8, 3, 1.0, 0.0, "lossless", session).data
+    out = list(handlers.compare("def f(x):", *{**CONTROLS, "max_new_tokens": 6}.values(), session))[-1]
+    assert "identical" in out[0] and "speedup" in out[0]
+    assert out[1].count("sd-tok") == 6 and out[2].count("sd-baseline") == 6
+
+
+def test_round_markdown():
+    md = round_markdown(tree_event(2))
+    assert "**Round 2**" in md and "6 drafts" in md and "correction" in md
+    assert round_markdown(None) == ""

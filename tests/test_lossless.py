@@ -1,0 +1,257 @@
+"""Statistical losslessness: speculative sampling follows the exact filtered target law.
+
+A tiny model with V = 10 tokens lets us enumerate the exact law of the
+first two emitted tokens, p(t1) p(t2 | t1), with temperature, top-k, top-p
+and min-p all active, computed in float64 by the reference sampler in
+conftest (independent of specdec.sampler). We then draw thousands of
+seeded samples and compare with a chi-square test:
+
+- `verify` called directly on fixed logits (a faithful mirror of one or two
+  engine rounds: real model logits at every tree node, candidates from
+  fixed draft logits through `draft_tree.candidates`), for the chain and the
+  default tree;
+- the engine end to end (real forwards, random heads);
+- negative controls: planted bugs (a verifier that always accepts, a
+  verification path that ignores top-p, Medusa's lossy typical acceptance)
+  must make the same test fail with p < 1e-6.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import specdec
+import specdec.verifier as verifier_mod
+from conftest import make_model, naive_logits, reference_probs
+from specdec import kv_cache
+from specdec.draft_tree import candidates, resolve_tree
+from specdec.sampler import SamplingParams, target_probs
+from specdec.target import TargetModel
+from specdec.verifier import verify
+
+V = 10
+CONTEXT = [3, 1, 4, 1]  # committed tokens, in the cache
+ROOT = 5  # the pending token: the root of the first round's tree
+PARAMS = SamplingParams(temperature=1.5, top_k=6, top_p=0.92, min_p=0.05)
+FILTERS = dict(temperature=1.5, top_k=6, top_p=0.92, min_p=0.05)
+N_DIRECT = 4000  # samples per direct test (about 1-2 ms each)
+N_CONTROL = 1000  # samples per negative control: planted bugs fail by a wide margin
+N_ENGINE = 2000  # samples per end-to-end test (about 6 ms each)
+N_PLAIN = 1000
+PASS_P = 1e-3  # a correct sampler fails this about once in 1000 seeds; our seeds are fixed
+FAIL_P = 1e-6  # what a planted bug must reach
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model("llama", vocab=V, seed=3, init=0.2)
+
+
+def exact_law(model, prefix: list[int]) -> np.ndarray:
+    """Filtered target law of the next token after `prefix`, float64 reference. [V]"""
+    p, margin = reference_probs(naive_logits(model, prefix), **FILTERS)
+    # no keep/drop decision may sit on a float32 rounding edge, or support could differ
+    assert margin > 1e-4, f"borderline filter decision after {prefix}: margin {margin}"
+    return p.numpy()
+
+
+def exact_joint(model, prefix: list[int]) -> np.ndarray:
+    """[V, V] exact law of the next two tokens after `prefix`."""
+    p1 = exact_law(model, prefix)
+    return np.stack([p1[a] * exact_law(model, prefix + [a]) if p1[a] > 0 else np.zeros(V) for a in range(V)])
+
+
+def chi2_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Chi-square goodness of fit; cells expected below 5 are pooled into one."""
+    counts, probs = counts.ravel().astype(float), probs.ravel()
+    n = counts.sum()
+    exp = probs / probs.sum() * n
+    big = exp >= 5
+    obs_b, exp_b = list(counts[big]), list(exp[big])
+    if (~big).any():
+        obs_b.append(counts[~big].sum())
+        exp_b.append(max(exp[~big].sum(), 1e-9))  # observations in a zero-probability cell blow up chi-square
+    obs_b, exp_b = np.array(obs_b), np.array(exp_b)
+    exp_b *= obs_b.sum() / exp_b.sum()
+    return float(chisquare(obs_b, exp_b).pvalue)
+
+
+# -- the direct mirror of one engine round -------------------------------------------
+
+class Rounds:
+    """Precomputed tree logits for round 1 (root ROOT) and every possible round 2 (root t1)."""
+
+    def __init__(self, model, tree_name: str) -> None:
+        self.tree = resolve_tree(tree_name, num_heads=4)
+        self.target = TargetModel(model)
+        g = torch.Generator().manual_seed(1234)
+        # fixed random draft logits per root: the candidates a head would propose
+        self.first = self._round(CONTEXT, ROOT, torch.randn(4, V, generator=g) * 2)
+        self.second = {t: self._round(CONTEXT + [ROOT], t, torch.randn(4, V, generator=g) * 2) for t in range(V)}
+
+    def _round(self, context, root, head_logits):
+        tokens, _ = candidates(root, head_logits, self.tree)  # [N]
+        cache = kv_cache.new_cache(self.target.model)
+        self.target.forward(torch.tensor(context), cache)
+        hidden = self.target.forward(tokens, cache, self.tree.ancestor_mask, self.tree.depth_t)  # [N, H]
+        return tokens.tolist(), self.target.logits(hidden)  # [N], [N, V]
+
+    def emit(self, round_data, params, rule, gen) -> list[int]:
+        tokens, logits = round_data
+        v = verify(tokens, self.tree, lambda i: logits[i], params, rule, gen)
+        return [tokens[i] for i in v.accepted[1:]] + [v.next_token]
+
+    def sample_two(self, params, rule, gen) -> tuple[int, int]:
+        out = self.emit(self.first, params, rule, gen)
+        if len(out) < 2:  # only a correction: the next round, rooted at it, gives t2
+            out += self.emit(self.second[out[0]], params, rule, gen)
+        return out[0], out[1]
+
+
+def draw(rounds: Rounds, n: int, seed: int, params=PARAMS, rule="lossless") -> np.ndarray:
+    """Counts [V, V] of the first two emitted tokens over n seeded runs."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = np.zeros((V, V))
+    for _ in range(n):
+        a, b = rounds.sample_two(params, rule, gen)
+        counts[a, b] += 1
+    return counts
+
+
+@pytest.fixture(scope="module", params=["chain", "default"])
+def rounds(request, model):
+    return Rounds(model, request.param)
+
+
+@pytest.fixture(scope="module")
+def joint(model):
+    return exact_joint(model, CONTEXT + [ROOT])
+
+
+def test_setup_is_meaningful(model, rounds, joint):
+    """Filters must cut, drafts must sometimes be accepted, and the tree logits must be the model's."""
+    for i in range(rounds.tree.num_nodes):
+        path, j = [], i
+        while j != -1:
+            path.append(rounds.first[0][j])
+            j = rounds.tree.parent[j]
+        torch.testing.assert_close(rounds.first[1][i], naive_logits(model, CONTEXT + path[::-1]), atol=1e-5, rtol=0)
+    p_filtered = exact_law(model, CONTEXT + [ROOT])
+    p_raw, _ = reference_probs(naive_logits(model, CONTEXT + [ROOT]), temperature=1.5)
+    assert (p_filtered > 0).sum() < (p_raw > 0).sum() == V
+    no_top_p, _ = reference_probs(naive_logits(model, CONTEXT + [ROOT]), 1.5, 6, 1.0, 0.05)
+    assert (no_top_p.numpy() > 0).sum() > (p_filtered > 0).sum(), "top-p must matter for the negative control"
+    assert (joint > 0).sum() >= 16
+    # the draft candidates include likely tokens: some rounds accept a drafted token
+    gen = torch.Generator().manual_seed(0)
+    lengths = [len(rounds.emit(rounds.first, PARAMS, "lossless", gen)) for _ in range(300)]
+    assert max(lengths) >= 2 and min(lengths) == 1
+
+
+def test_verify_is_lossless(rounds, joint, record_property):
+    counts = draw(rounds, N_DIRECT, seed=2024)
+    assert counts[joint == 0].sum() == 0, "emitted a pair the filtered target law forbids"
+    p = chi2_pvalue(counts, joint)
+    record_property("pvalue", p)
+    print(f"\n[{rounds.tree.num_nodes}-node tree] direct verify chi-square p = {p:.4g}")
+    assert p > PASS_P
+
+
+def test_negative_control_always_accept(rounds, joint, monkeypatch):
+    """A verifier that accepts any candidate the filters allow (u = 0) is not lossless."""
+    real_rand = torch.rand
+    monkeypatch.setattr(verifier_mod.torch, "rand", lambda *a, **k: real_rand(*a, **k) * 0)
+    counts = draw(rounds, N_CONTROL, seed=2024)
+    p = chi2_pvalue(counts, joint)
+    print(f"\n[{rounds.tree.num_nodes}-node tree] always-accept control p = {p:.4g}")
+    assert p < FAIL_P
+
+
+def test_negative_control_verifier_ignores_top_p(rounds, joint, monkeypatch):
+    """The pitfall vLLM shipped: a verification path that drops one filter."""
+    monkeypatch.setattr(verifier_mod, "target_probs", lambda logits, params: target_probs(logits, params.replace(top_p=1.0)))
+    counts = draw(rounds, N_CONTROL, seed=2024)
+    p = chi2_pvalue(counts, joint)
+    print(f"\n[{rounds.tree.num_nodes}-node tree] ignore-top-p control p = {p:.4g}")
+    assert p < FAIL_P
+
+
+def test_negative_control_typical_acceptance_is_lossy(rounds, joint):
+    counts = draw(rounds, N_CONTROL, seed=2024, rule="typical")
+    p = chi2_pvalue(counts, joint)
+    print(f"\n[{rounds.tree.num_nodes}-node tree] typical (lossy) control p = {p:.4g}")
+    assert p < FAIL_P
+
+
+def test_chi2_helper_detects_a_small_bias():
+    """The test has power: a 4-point shift on one cell of a 20-cell law is caught at N_DIRECT samples."""
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.ones(20))
+    bias = probs.copy()
+    bias[0] += 0.04
+    bias /= bias.sum()
+    assert chi2_pvalue(rng.multinomial(N_DIRECT, probs).astype(float), probs) > PASS_P
+    assert chi2_pvalue(rng.multinomial(N_DIRECT, bias).astype(float), probs) < FAIL_P
+
+
+# -- end to end through the engine -------------------------------------------------
+
+def engine_counts(model, tree: str, n: int, seed0: int) -> np.ndarray:
+    """Counts of (t2, t3): the first two tokens of the first speculative round."""
+    loaded = specdec.load(model, heads="random", device="cpu")
+    counts = np.zeros((V, V))
+    prompt = CONTEXT + [ROOT]
+    accepted = []  # drafted tokens accepted in round 1
+    for i in range(n):
+        params = PARAMS.replace(seed=seed0 + i)
+        events = list(loaded.engine.stream(prompt, 4, params, tree=tree, eos_token_id=None))
+        toks = [t.token_id for e in events for t in e.emitted]
+        assert len(toks) == 4
+        assert events[1].nodes, "round 1 must be a tree round"
+        accepted.append(len(events[1].accepted_path) - 1)
+        counts[toks[1], toks[2]] += 1
+    # the heads' drafts are accepted often enough for the test to exercise acceptance at depth 1 and 2
+    assert np.mean(np.array(accepted) >= 1) > 0.2 and np.mean(np.array(accepted) == 2) > 0.05
+    return counts
+
+
+@pytest.fixture(scope="module")
+def joint_after_first(model):
+    """Exact law of (t2, t3) after the prompt, t1 marginalised out. [V, V]"""
+    prompt = CONTEXT + [ROOT]
+    p1 = exact_law(model, prompt)
+    return sum(p1[a] * exact_joint(model, prompt + [a]) for a in range(V) if p1[a] > 0)
+
+
+@pytest.mark.parametrize("tree", ["default", pytest.param("chain", marks=pytest.mark.slow)])
+def test_engine_is_lossless(model, joint_after_first, tree):
+    counts = engine_counts(model, tree, N_ENGINE, seed0=10_000)
+    assert counts[joint_after_first == 0].sum() == 0
+    p = chi2_pvalue(counts, joint_after_first)
+    print(f"\n[engine, {tree}] chi-square p = {p:.4g}")
+    assert p > PASS_P
+
+
+@pytest.mark.slow
+def test_engine_negative_control_ignores_top_p(model, joint_after_first, monkeypatch):
+    monkeypatch.setattr(verifier_mod, "target_probs", lambda logits, params: target_probs(logits, params.replace(top_p=1.0)))
+    counts = engine_counts(model, "default", 2 * N_ENGINE, seed0=10_000)
+    p = chi2_pvalue(counts, joint_after_first)
+    print(f"\n[engine, default] ignore-top-p control p = {p:.4g}")
+    assert p < FAIL_P
+
+
+def test_plain_mode_is_lossless(model, joint):
+    """speculative=False samples the same law (same sampler, one token per round)."""
+    loaded = specdec.load(model, heads=None, device="cpu")
+    counts = np.zeros((V, V))
+    for i in range(N_PLAIN):
+        toks = specdec.generate(loaded, prompt_ids=CONTEXT + [ROOT], max_new_tokens=2, speculative=False,
+                                eos_token_id=None, seed=i, **FILTERS).token_ids
+        counts[toks[0], toks[1]] += 1
+    assert counts[joint == 0].sum() == 0
+    p = chi2_pvalue(counts, joint)
+    print(f"\n[plain] chi-square p = {p:.4g}")
+    assert p > PASS_P

@@ -1,0 +1,255 @@
+"""specdec.sampler against a float64 reference written here, plus input validation."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specdec
+from conftest import reference_probs
+from specdec.sampler import SamplingParams, filter_logits, filter_stages, next_token, sample, target_probs
+
+NEG = float("-inf")
+
+
+def random_rows(n: int, V: int, seed: int, scale: float = 3.0, with_inf: bool = False) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, V, generator=g) * scale
+    if with_inf:
+        drop = torch.rand(n, V, generator=g) < 0.3
+        drop[:, 0] = False  # keep at least one finite entry per row
+        x = x.masked_fill(drop, NEG)
+    return x
+
+
+CASES = [
+    # (temperature, top_k, top_p, min_p)
+    (1.0, 0, 1.0, 0.0),  # no filter
+    (0.7, 0, 1.0, 0.0),  # temperature only
+    (2.5, 0, 1.0, 0.0),
+    (1.0, 5, 1.0, 0.0),  # top-k only
+    (1.0, 1, 1.0, 0.0),
+    (1.0, 0, 0.8, 0.0),  # top-p only
+    (1.0, 0, 0.3, 0.0),
+    (1.0, 0, 1e-6, 0.0),
+    (1.0, 0, 1.0, 0.1),  # min-p only
+    (1.0, 0, 1.0, 1.0),
+    (0.8, 10, 0.9, 0.05),  # composition
+    (1.3, 4, 0.5, 0.2),
+    (0.5, 20, 0.95, 0.01),
+    (1.0, 50, 1.0, 0.0),  # top_k == V: off
+    (1.0, 500, 1.0, 0.0),  # top_k > V: off
+    (1.0, 0, 1.0, 0.0),  # top_p = 1 and min_p = 0: off
+]
+
+
+@pytest.mark.parametrize("with_inf", [False, True], ids=["finite", "with_-inf"])
+@pytest.mark.parametrize("temperature,top_k,top_p,min_p", CASES)
+def test_target_probs_match_float64_reference(temperature, top_k, top_p, min_p, with_inf):
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    rows = random_rows(40, 50, seed=hash((temperature, top_k, top_p, min_p, with_inf)) % 2**31, with_inf=with_inf)
+    got = target_probs(rows, params)  # batched [40, V]
+    assert got.dtype == torch.float32 and got.shape == rows.shape
+    checked = 0
+    for i in range(rows.shape[0]):
+        want, margin = reference_probs(rows[i], temperature, top_k, top_p, min_p)
+        if margin < 1e-4:
+            continue  # a float32 rounding could flip this decision either way
+        checked += 1
+        torch.testing.assert_close(got[i].double(), want, atol=1e-6, rtol=1e-5)
+        # the same row alone gives the same answer as in a batch
+        torch.testing.assert_close(target_probs(rows[i], params), got[i], atol=1e-7, rtol=0)
+    assert checked >= 30
+
+
+def test_filters_actually_cut():
+    """Guard against a reference and sampler that both do nothing."""
+    row = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0, -1.0])
+    assert (target_probs(row, SamplingParams(temperature=1.0, top_k=2)) > 0).sum() == 2
+    # probs ~ [.634, .233, .086, .032, .012, .004]: 0.85 needs the top 2, 0.9 the top 3
+    assert (target_probs(row, SamplingParams(temperature=1.0, top_p=0.85)) > 0).sum() == 2
+    assert (target_probs(row, SamplingParams(temperature=1.0, top_p=0.9)) > 0).sum() == 3
+    # min_p 0.1 keeps p >= 0.064: the top 3
+    assert (target_probs(row, SamplingParams(temperature=1.0, min_p=0.1)) > 0).sum() == 3
+    assert [(reference_probs(row, 1.0, 0, tp, 0.0)[0] > 0).sum().item() for tp in (0.85, 0.9)] == [2, 3]
+    assert (reference_probs(row, 1.0, 2, 1.0, 0.0)[0] > 0).sum() == 2
+    assert (reference_probs(row, 1.0, 0, 1.0, 0.1)[0] > 0).sum() == 3
+
+
+def test_filter_order_is_temperature_topk_topp_minp():
+    """top-p after top-k works on the renormalised top-k law (HF order), not the raw one."""
+    row = torch.tensor([2.0, 1.9, 1.8, 1.7, 1.6, 1.5, 1.4, 1.3])
+    params = SamplingParams(temperature=1.0, top_k=3, top_p=0.6)
+    kept = (target_probs(row, params) > 0).nonzero().flatten().tolist()
+    # after top-3 the law is ~[.37, .33, .30]: 0.6 needs 2 tokens; on the raw law it would need 5
+    assert kept == [0, 1]
+    # a temperature change alters which tokens top-p keeps
+    hot = SamplingParams(temperature=10.0, top_p=0.3)
+    cold = SamplingParams(temperature=0.1, top_p=0.3)
+    assert (target_probs(row, hot) > 0).sum() > (target_probs(row, cold) > 0).sum() == 1
+
+
+def test_top_k_keeps_ties_like_hf():
+    row = torch.tensor([1.0, 3.0, 3.0, 3.0, 0.0])
+    p = target_probs(row, SamplingParams(temperature=1.0, top_k=2))
+    assert p.tolist() == pytest.approx([0.0, 1 / 3, 1 / 3, 1 / 3, 0.0])
+
+
+@pytest.mark.parametrize("temperature", [1e-6, 1e-4])
+def test_tiny_temperature_is_argmax_without_nan(temperature):
+    rows = random_rows(20, 64, seed=3, scale=30.0, with_inf=True)
+    for top_k, top_p, min_p in [(0, 1.0, 0.0), (5, 0.9, 0.1)]:
+        p = target_probs(rows, SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p))
+        assert torch.isfinite(p).all()
+        assert torch.equal(p.argmax(-1), rows.argmax(-1))
+        torch.testing.assert_close(p.amax(-1), torch.ones(20))
+
+
+def test_rows_with_inf_never_gain_mass():
+    rows = random_rows(30, 40, seed=4, with_inf=True)
+    for params in [SamplingParams(temperature=1.0), SamplingParams(temperature=0.5, top_k=3, top_p=0.9, min_p=0.1)]:
+        p = target_probs(rows, params)
+        assert (p[torch.isinf(rows)] == 0).all()
+        torch.testing.assert_close(p.sum(-1), torch.ones(30))
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0, top_k=1, top_p=1e-9, min_p=1.0),
+    SamplingParams(temperature=1e-6, top_k=1, top_p=1e-9, min_p=1.0),
+    SamplingParams(temperature=100.0, top_p=1e-9),
+    SamplingParams(temperature=1.0, min_p=1.0),
+])
+def test_filters_never_leave_empty_support(params):
+    rows = torch.cat([
+        random_rows(20, 30, seed=5, with_inf=True),
+        torch.full((1, 30), 7.0),  # all tied
+        torch.tensor([[NEG] * 29 + [0.0]]),  # a single finite entry, at the end
+        torch.tensor([[-1e30] * 15 + [1e30] * 15]),  # huge magnitudes
+    ])
+    p = target_probs(rows, params)
+    assert torch.isfinite(p).all()
+    assert ((p > 0).sum(-1) >= 1).all()
+    torch.testing.assert_close(p.sum(-1), torch.ones(rows.shape[0]))
+    assert p[21].argmax() == 29
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_input_gives_float32(dtype):
+    rows = random_rows(8, 32, seed=6).to(dtype)
+    params = SamplingParams(temperature=0.7, top_k=10, top_p=0.9, min_p=0.05)
+    assert filter_logits(rows, params).dtype == torch.float32
+    p = target_probs(rows, params)
+    assert p.dtype == torch.float32
+    torch.testing.assert_close(p.sum(-1), torch.ones(8))
+    # same as filtering the upcast logits: the maths ran in float32
+    torch.testing.assert_close(p, target_probs(rows.float(), params))
+    assert target_probs(rows, SamplingParams()).dtype == torch.float32  # greedy one-hot too
+
+
+def test_pure_function_does_not_mutate_input():
+    rows = random_rows(4, 16, seed=7, with_inf=True)
+    before = rows.clone()
+    target_probs(rows, SamplingParams(temperature=0.5, top_k=3, top_p=0.5, min_p=0.2))
+    filter_logits(rows, SamplingParams(temperature=2.0, top_k=3))
+    assert torch.equal(rows, before)
+
+
+def test_greedy_is_one_hot_argmax():
+    rows = random_rows(10, 20, seed=8, with_inf=True)
+    p = target_probs(rows, SamplingParams(temperature=0.0))
+    assert torch.equal(p, torch.nn.functional.one_hot(rows.argmax(-1), 20).float())
+    tok, prob = next_token(rows[0], SamplingParams(), None)
+    assert tok == int(rows[0].argmax()) and 0 < prob <= 1
+
+
+def test_next_token_is_seeded_and_follows_p():
+    from scipy.stats import chisquare
+
+    row = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+    params = SamplingParams(temperature=0.9, top_k=4, top_p=0.95, min_p=0.05)
+    p = target_probs(row, params)
+    g1, g2 = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
+    a = [next_token(row, params, g1)[0] for _ in range(50)]
+    b = [next_token(row, params, g2)[0] for _ in range(50)]
+    assert a == b
+    g = torch.Generator().manual_seed(12)
+    n = 4000
+    draws = torch.tensor([sample(p, g) for _ in range(n)])
+    counts = torch.bincount(draws, minlength=6).double()
+    support = p > 0
+    assert counts[~support].sum() == 0
+    expected = p[support].double() / p[support].double().sum() * n
+    assert chisquare(counts[support].numpy(), expected.numpy()).pvalue > 1e-4
+
+
+def test_filter_stages_reports_the_removing_filter():
+    row = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0, -1.0])
+    rows = filter_stages(row, SamplingParams(temperature=1.0, top_k=4, top_p=0.85, min_p=0.5), top=6)
+    by_id = {r["token_id"]: r for r in rows}
+    # top-4 keeps 0..3; top-p 0.85 on [.64, .24, .09, .03] keeps 0, 1; min-p 0.5 on [.73, .27] keeps 0
+    assert [by_id[i]["removed_by"] for i in range(6)] == [None, "min_p", "top_p", "top_p", "top_k", "top_k"]
+    assert by_id[0]["filtered_prob"] == pytest.approx(1.0)
+    assert sum(r["filtered_prob"] for r in rows) == pytest.approx(1.0)
+
+
+# -- validation ----------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(temperature=-0.1), "temperature"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(temperature=float("inf")), "temperature"),
+    (dict(top_k=-1), "top_k"),
+    (dict(top_k=1.5), "top_k"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=-0.2), "top_p"),
+    (dict(top_p=1.01), "top_p"),
+    (dict(top_p=float("nan")), "top_p"),
+    (dict(min_p=-0.01), "min_p"),
+    (dict(min_p=1.5), "min_p"),
+    (dict(min_p=float("nan")), "min_p"),
+    (dict(seed=-1), "seed"),
+])
+def test_invalid_params_raise_naming_the_parameter(kwargs, name):
+    with pytest.raises(ValueError, match=f"`{name}`") as e:
+        SamplingParams(**kwargs)
+    assert repr(list(kwargs.values())[0]) in str(e.value) or "nan" in str(e.value)
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=0.0), dict(top_k=0), dict(top_p=1.0), dict(min_p=0.0),
+                                    dict(min_p=1.0), dict(top_p=1e-9), dict(temperature=1e-6)])
+def test_edge_values_are_valid(kwargs):
+    SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(temperature=-1.0), "temperature"),
+    (dict(top_k=-3), "top_k"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(min_p=2.0), "min_p"),
+    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(max_new_tokens=-5), "max_new_tokens"),
+])
+def test_generate_rejects_bad_settings(loaded_llama, kwargs, name):
+    with pytest.raises(ValueError, match=f"`{name}`"):
+        specdec.generate(loaded_llama, prompt_ids=[1, 2, 3], **kwargs)
+
+
+@pytest.mark.parametrize("speculative", [True, False])
+def test_generate_rejects_bad_prompts(loaded_llama, speculative):
+    V = loaded_llama.engine.target.vocab_size
+    limit = loaded_llama.engine.target.max_length
+    with pytest.raises(ValueError, match="empty"):
+        specdec.generate(loaded_llama, prompt_ids=[], speculative=speculative)
+    with pytest.raises(ValueError, match="empty"):
+        specdec.generate(loaded_llama, prompt="", speculative=speculative)
+    with pytest.raises(ValueError, match="empty"):
+        specdec.generate(loaded_llama, speculative=speculative)
+    for bad in ([1, V], [-1, 2], [V + 100]):
+        with pytest.raises(ValueError, match="vocabulary"):
+            specdec.generate(loaded_llama, prompt_ids=bad, speculative=speculative)
+    with pytest.raises(ValueError, match="context"):
+        specdec.generate(loaded_llama, prompt_ids=[1] * limit, speculative=speculative)
+    with pytest.raises(ValueError, match="context"):
+        specdec.generate(loaded_llama, prompt_ids=[1] * (limit + 50), speculative=speculative)
+    # the longest legal prompt still works and respects the context
+    out = specdec.generate(loaded_llama, prompt_ids=[1] * (limit - 1), max_new_tokens=5, speculative=speculative)
+    assert 1 <= len(out.token_ids) <= 5

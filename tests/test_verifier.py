@@ -1,0 +1,149 @@
+"""specdec.verifier on a hand-drawn tree with hand-made logits (exact cases).
+
+The statistical checks of the lossless rule live in test_lossless.py.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.draft_tree import build_tree
+from specdec.sampler import SamplingParams
+from specdec.verifier import ACCEPTANCE_RULES, LOSSY_RULES, verify
+
+V = 8
+#   0 (root)
+#   ├── 1 (rank 0) ── 3 (rank 0) ── 6 (rank 0)
+#   │             └── 4 (rank 1)
+#   └── 2 (rank 1) ── 5 (rank 0)
+TREE = build_tree(((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)))
+TOKENS = [7, 1, 2, 3, 4, 3, 5]  # node -> token
+SAMPLING = SamplingParams(temperature=1.0)
+
+
+def onehot_logits(best: dict[int, int]) -> dict[int, torch.Tensor]:
+    """node -> [V] logits with +100 on the target's choice and -100 elsewhere."""
+    out = {}
+    for node in range(TREE.num_nodes):
+        row = torch.full((V,), -100.0)
+        row[best.get(node, 0)] = 100.0
+        out[node] = row
+    return out
+
+
+class Probe:
+    """logits_at that records which nodes the verifier asked for."""
+
+    def __init__(self, rows: dict[int, torch.Tensor]) -> None:
+        self.rows, self.asked = rows, []
+
+    def __call__(self, node: int) -> torch.Tensor:
+        self.asked.append(node)
+        return self.rows[node]
+
+
+@pytest.mark.parametrize("rule,params", [("greedy", SamplingParams()), ("lossless", SAMPLING),
+                                         ("typical", SAMPLING)])
+@pytest.mark.parametrize("best,path,next_tok,kind", [
+    # target wants 1 after the root, then 3, then 5, then 6: the full leftmost path plus a bonus
+    ({0: 1, 1: 3, 3: 5, 6: 6}, (0, 1, 3, 6), 6, "bonus"),
+    # 1 then 4 (rank 1 of head 1): a non-contiguous path, then bonus at leaf 4
+    ({0: 1, 1: 4, 4: 2}, (0, 1, 4), 2, "bonus"),
+    # 2 (rank 1 at the root), then 3 (node 5), then bonus
+    ({0: 2, 2: 3, 5: 0}, (0, 2, 5), 0, "bonus"),
+    # 1, then something no child has: correction at node 1
+    ({0: 1, 1: 6}, (0, 1), 6, "correction"),
+    # nothing matches at the root
+    ({0: 5}, (0,), 5, "correction"),
+    # 1, 3, then not 5: correction at node 3
+    ({0: 1, 1: 3, 3: 0}, (0, 1, 3), 0, "correction"),
+])
+def test_exact_cases(rule, params, best, path, next_tok, kind):
+    probe = Probe(onehot_logits(best))
+    v = verify(TOKENS, TREE, probe, params, rule, torch.Generator().manual_seed(0))
+    assert v.accepted == path
+    assert v.next_token == next_tok and v.next_kind == kind
+    assert v.next_prob == pytest.approx(1.0)
+    # logits are only needed along the accepted path
+    assert probe.asked == list(path)
+    # every child of an accepted node that is not on the path was compared and lost
+    for node in path:
+        for c in TREE.children[node]:
+            if c not in path:
+                assert v.target_prob.get(c, 0.0) == pytest.approx(0.0, abs=1e-30)
+    for node in path[1:]:
+        assert v.target_prob[node] == pytest.approx(1.0)
+
+
+def test_rejected_children_are_recorded_in_order():
+    v = verify(TOKENS, TREE, onehot_logits({0: 2, 2: 6}).__getitem__, SAMPLING, "lossless", torch.Generator().manual_seed(0))
+    assert v.accepted == (0, 2) and v.rejected == (1, 5)
+    assert v.next_kind == "correction" and v.next_token == 6
+    v = verify(TOKENS, TREE, onehot_logits({0: 0}).__getitem__, SAMPLING, "lossless", torch.Generator().manual_seed(0))
+    assert v.rejected == (1, 2) and v.accepted == (0,)
+
+
+def test_temperature_zero_forces_greedy():
+    rows = {n: torch.randn(V, generator=torch.Generator().manual_seed(n)) for n in range(TREE.num_nodes)}
+    for rule in ACCEPTANCE_RULES:
+        v = verify(TOKENS, TREE, rows.__getitem__, SamplingParams(), rule, None)
+        assert v.next_token == int(rows[v.accepted[-1]].argmax())
+
+
+def test_invalid_rule_raises():
+    with pytest.raises(ValueError, match="acceptance rule"):
+        verify(TOKENS, TREE, onehot_logits({}).__getitem__, SAMPLING, "speculative", None)
+
+
+def test_typical_is_labelled_lossy():
+    assert "typical" in LOSSY_RULES and "lossless" not in LOSSY_RULES and "greedy" not in LOSSY_RULES
+
+
+def test_filters_apply_on_the_verification_path():
+    """A candidate removed by top-k / top-p / min-p is never accepted, nor sampled as a correction."""
+    row = torch.tensor([0.0, 2.0, 1.9, 1.0, 0.0, -1.0, -2.0, -3.0])  # token 1 best, 2 close second
+    rows = {n: row for n in range(TREE.num_nodes)}
+    for params in [SamplingParams(temperature=1.0, top_k=1), SamplingParams(temperature=1.0, top_p=0.3),
+                   SamplingParams(temperature=1.0, min_p=0.99)]:
+        g = torch.Generator().manual_seed(1)
+        for _ in range(200):
+            # root children are tokens 1 (node 1) and 2 (node 2); only 1 survives the filter
+            v = verify([7, 2, 1, 3, 4, 3, 5], TREE, rows.__getitem__, params, "lossless", g)
+            assert v.accepted[:2] == (0, 2)
+            assert v.target_prob[1] == 0.0 and v.target_prob[2] == pytest.approx(1.0)
+
+
+def test_rejection_renormalises_the_residual():
+    """p = [.5, .5, 0, ...] and children (0, 1): child 1 is accepted with prob 1 once 0 is rejected."""
+    row = torch.full((V,), float("-inf"))
+    row[0] = row[1] = 0.0
+    rows = {n: row for n in range(TREE.num_nodes)}
+    g = torch.Generator().manual_seed(3)
+    firsts = []
+    for _ in range(400):
+        v = verify([7, 0, 1, 3, 4, 3, 5], TREE, rows.__getitem__, SAMPLING, "lossless", g)
+        assert len(v.accepted) >= 2, "with only tokens 0 and 1 in the support, a root child is always accepted"
+        firsts.append(v.accepted[1])
+    assert 150 < firsts.count(1) < 250  # about half each
+
+
+def test_seeded_generator_reproduces_verdicts():
+    g = torch.Generator().manual_seed(0)
+    rows = {n: torch.randn(V, generator=g) for n in range(TREE.num_nodes)}
+    toks = [7] + [int(torch.argsort(rows[TREE.parent[n]], descending=True)[TREE.rank[n]]) for n in range(1, 7)]
+
+    def run(seed):
+        gen = torch.Generator().manual_seed(seed)
+        return [verify(toks, TREE, rows.__getitem__, SAMPLING, "lossless", gen) for _ in range(30)]
+
+    assert run(5) == run(5)
+    assert run(5) != run(6)
+
+
+def test_typical_accepts_by_threshold_not_by_chance():
+    # a flat-ish law: high entropy lowers the threshold, a 0.3 candidate passes, a 0.001 one does not
+    row = torch.log(torch.tensor([0.001, 0.3, 0.2, 0.2, 0.1, 0.1, 0.098, 0.001]))
+    rows = {n: row for n in range(TREE.num_nodes)}
+    for seed in range(20):
+        v = verify([7, 0, 1, 3, 4, 3, 5], TREE, rows.__getitem__, SAMPLING, "typical", torch.Generator().manual_seed(seed))
+        assert v.rejected[0] == 1 and v.accepted[1] == 2  # token 0 (p .001) rejected, token 1 (p .3) accepted
