@@ -120,7 +120,7 @@ class GenerationResult:
 
 def encode(loaded: Loaded, prompt: str | None, prompt_ids) -> list[int]:
     if prompt_ids is not None:
-        return [int(i) for i in (prompt_ids.tolist() if isinstance(prompt_ids, torch.Tensor) else prompt_ids)]
+        return prompt_ids  # validated (and flattened from [1, T]) by Engine.check_prompt
     if prompt is None or not str(prompt).strip():
         raise ValueError("`prompt` is empty: give some text (or prompt_ids)")
     if loaded.tokenizer is None:

@@ -15,6 +15,7 @@ used to put text into events.
 """
 from __future__ import annotations
 
+import numbers
 import random
 import time
 from typing import Callable, Iterable, Iterator
@@ -71,7 +72,17 @@ class Engine:
         return resolve_tree(tree, self.trained_tree, n)
 
     def check_prompt(self, prompt_ids) -> list[int]:
-        ids = [int(i) for i in (prompt_ids.tolist() if isinstance(prompt_ids, torch.Tensor) else prompt_ids)]
+        if isinstance(prompt_ids, torch.Tensor):
+            if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
+                prompt_ids = prompt_ids[0]  # a batch of one, as HF tokenizers return it
+            if prompt_ids.dim() != 1 or prompt_ids.is_floating_point():
+                raise ValueError(f"`prompt_ids` must be a 1-D (or [1, T]) integer tensor, "
+                                 f"got shape {tuple(prompt_ids.shape)} and dtype {prompt_ids.dtype}")
+            prompt_ids = prompt_ids.tolist()
+        not_int = [i for i in prompt_ids if isinstance(i, bool) or not isinstance(i, numbers.Integral)]
+        if not_int:
+            raise ValueError(f"`prompt_ids` must be integer token ids, got {not_int[:5]!r}")
+        ids = [int(i) for i in prompt_ids]
         if not ids:
             raise ValueError("`prompt` is empty: give at least one token")
         V = self.target.vocab_size

@@ -82,11 +82,13 @@ class MedusaHeads(nn.Module):
         return torch.stack([self.project(k, blk(hidden)) for k, blk in enumerate(self.blocks)])
 
     # -- persistence -------------------------------------------------------
-    def save(self, directory: str | Path, tree_paths: list[tuple[int, ...]] | None = None) -> None:
+    def save(self, directory: str | Path, tree_paths: list[tuple[int, ...]] | None = None,
+             dtype: torch.dtype | None = None) -> None:
+        """Write heads_config.json, heads.safetensors (in `dtype`, default: as trained) and tree.json."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         (d / CONFIG_NAME).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
-        state = {k: v.detach().to(torch.float16).contiguous().cpu() for k, v in self.state_dict().items()}
+        state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in self.state_dict().items()}
         save_file(state, str(d / WEIGHTS_NAME), metadata={"format": "pt"})
         if tree_paths is not None:
             (d / TREE_NAME).write_text(json.dumps({"paths": [list(p) for p in tree_paths]}) + "\n")
@@ -123,7 +125,10 @@ def load_heads(directory: str | Path, target: nn.Module, device=None, dtype=None
         raise ValueError(f"heads: {d / WEIGHTS_NAME} does not match {CONFIG_NAME} ({e})") from e
     tree = None
     if (d / TREE_NAME).is_file():
-        tree = [tuple(p) for p in json.loads((d / TREE_NAME).read_text())["paths"]]
+        try:
+            tree = [tuple(int(r) for r in p) for p in json.loads((d / TREE_NAME).read_text())["paths"]]
+        except (KeyError, TypeError, ValueError) as e:  # JSONDecodeError is a ValueError
+            raise ValueError(f"heads: {d / TREE_NAME} is not a valid tree file ({e!r})") from e
     p = next(target.parameters())
     heads.to(device=device or p.device, dtype=dtype or p.dtype).eval()
     return heads, tree

@@ -82,8 +82,8 @@ def verify(tokens: list[int], tree: Tree, logits_at: Callable[[int], torch.Tenso
                 target_prob[c] = float(p[tokens[c]])
                 if chosen is None and tokens[c] == tok:
                     chosen = c
+            rejected.extend(c for c in kids if c != chosen)  # compared with the argmax and lost
             if chosen is None:
-                rejected.extend(kids)
                 prob = float(torch.softmax(row.float(), -1)[tok]) if p is None else float(p[tok])
                 return Verdict(tuple(accepted), tok, "correction" if kids else "bonus", prob, target_prob, tuple(rejected))
         else:

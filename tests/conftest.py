@@ -1,5 +1,6 @@
-"""Shared fixtures: tiny random HF models built from configs (no hub), a fake
-byte tokenizer, and "oracle" draft heads that know the greedy continuation.
+"""Shared fixtures: tiny random HF models built from configs (no hub), HF's own
+greedy decoding as the reference, a float64 reference sampler, "oracle" draft
+heads that know the greedy continuation, and a fake byte tokenizer.
 
 Everything runs in float32 on the CPU, in eval mode, from fixed seeds.
 """
@@ -145,7 +146,6 @@ def reference_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, to
     return probs_of(keep), margin
 
 
-
 # -- oracle heads ----------------------------------------------------------------
 
 class OracleHeads(nn.Module):
@@ -168,11 +168,9 @@ class OracleHeads(nn.Module):
             self.h_ref = model.base_model(torch.tensor([self.ref])).last_hidden_state[0].clone()  # [T, H]
         self.rank_of = rank_of or (lambda pos, k: 0)
         self.V = int(w.shape[0])
-        self.calls: list[int] = []  # the positions the engine asked about, in order
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [H] -> [K, V]
         pos = int((self.h_ref - hidden.float()).norm(dim=-1).argmin())
-        self.calls.append(pos)
         out = torch.zeros(self.config.num_heads, self.V)
         for k in range(self.config.num_heads):
             j = pos + k + 2
@@ -195,7 +193,7 @@ def oracle_loaded(model: nn.Module, prompt: list[int], n: int, rank_of=None, num
 # -- a fake byte tokenizer -----------------------------------------------------
 
 class ByteTokenizer:
-    """Token i < 256 is byte i; 256 is EOS. Decodes like a byte-level BPE."""
+    """Token i < 256 is byte i; 256..259 are specials (256 = EOS). Decodes like a byte-level BPE."""
 
     eos_token_id = 256
     vocab_size = 260
@@ -207,9 +205,8 @@ class ByteTokenizer:
         return list(text.encode("utf-8"))
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        data = bytes(i for i in ids if i < 256)
-        tail = "" if skip_special_tokens else "".join("<eos>" for i in ids if i == 256)
-        return data.decode("utf-8", errors="replace") + tail
+        out = b"".join(bytes([i]) if i < 256 else (b"" if skip_special_tokens else f"<{i}>".encode()) for i in ids)
+        return out.decode("utf-8", errors="replace")
 
 
 @pytest.fixture(scope="session")

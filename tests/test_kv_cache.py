@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import specdec
-from conftest import PROMPTS, hf_greedy, make_model, naive_logits, oracle_loaded
+from conftest import PROMPTS, make_model, naive_logits, oracle_loaded
 from specdec import kv_cache
 from specdec.draft_tree import build_tree
 from specdec.target import TargetModel

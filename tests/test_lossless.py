@@ -8,8 +8,9 @@ seeded samples and compare with a chi-square test:
 
 - `verify` called directly on fixed logits (a faithful mirror of one or two
   engine rounds: real model logits at every tree node, candidates from
-  fixed draft logits through `draft_tree.candidates`), for the chain and the
-  default tree;
+  fixed draft logits through `draft_tree.candidates`), for the chain, the
+  default tree, and the default tree cut to depth 1 (as the engine cuts it
+  near max_new_tokens; its leaves make bonus tokens common);
 - the engine end to end (real forwards, random heads);
 - negative controls: planted bugs (a verifier that always accepts, a
   verification path that ignores top-p, Medusa's lossy typical acceptance)
@@ -78,13 +79,21 @@ def chi2_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
     return float(chisquare(obs_b, exp_b).pvalue)
 
 
+def ignore_top_p(logits, params):
+    """A planted bug: the verification path drops the top-p filter."""
+    return target_probs(logits, params.replace(top_p=1.0))
+
+
 # -- the direct mirror of one engine round -------------------------------------------
 
 class Rounds:
     """Precomputed tree logits for round 1 (root ROOT) and every possible round 2 (root t1)."""
 
     def __init__(self, model, tree_name: str) -> None:
-        self.tree = resolve_tree(tree_name, num_heads=4)
+        name, _, depth = tree_name.partition("@")
+        self.tree = resolve_tree(name, num_heads=4)
+        if depth:  # what the engine uses near max_new_tokens; depth-1 leaves make bonus tokens frequent
+            self.tree = self.tree.truncated(int(depth))
         self.target = TargetModel(model)
         g = torch.Generator().manual_seed(1234)
         # fixed random draft logits per root: the candidates a head would propose
@@ -120,7 +129,7 @@ def draw(rounds: Rounds, n: int, seed: int, params=PARAMS, rule="lossless") -> n
     return counts
 
 
-@pytest.fixture(scope="module", params=["chain", "default"])
+@pytest.fixture(scope="module", params=["chain", "default", "default@1"])
 def rounds(request, model):
     return Rounds(model, request.param)
 
@@ -171,7 +180,7 @@ def test_negative_control_always_accept(rounds, joint, monkeypatch):
 
 def test_negative_control_verifier_ignores_top_p(rounds, joint, monkeypatch):
     """The pitfall vLLM shipped: a verification path that drops one filter."""
-    monkeypatch.setattr(verifier_mod, "target_probs", lambda logits, params: target_probs(logits, params.replace(top_p=1.0)))
+    monkeypatch.setattr(verifier_mod, "target_probs", ignore_top_p)
     counts = draw(rounds, N_CONTROL, seed=2024)
     p = chi2_pvalue(counts, joint)
     print(f"\n[{rounds.tree.num_nodes}-node tree] ignore-top-p control p = {p:.4g}")
@@ -236,7 +245,7 @@ def test_engine_is_lossless(model, joint_after_first, tree):
 
 @pytest.mark.slow
 def test_engine_negative_control_ignores_top_p(model, joint_after_first, monkeypatch):
-    monkeypatch.setattr(verifier_mod, "target_probs", lambda logits, params: target_probs(logits, params.replace(top_p=1.0)))
+    monkeypatch.setattr(verifier_mod, "target_probs", ignore_top_p)
     counts = engine_counts(model, "default", 2 * N_ENGINE, seed0=10_000)
     p = chi2_pvalue(counts, joint_after_first)
     print(f"\n[engine, default] ignore-top-p control p = {p:.4g}")

@@ -76,7 +76,8 @@ def test_exact_cases(rule, params, best, path, next_tok, kind):
 
 
 def test_rejected_children_are_recorded_in_order():
-    v = verify(TOKENS, TREE, onehot_logits({0: 2, 2: 6}).__getitem__, SAMPLING, "lossless", torch.Generator().manual_seed(0))
+    rows = onehot_logits({0: 2, 2: 6})
+    v = verify(TOKENS, TREE, rows.__getitem__, SAMPLING, "lossless", torch.Generator().manual_seed(0))
     assert v.accepted == (0, 2) and v.rejected == (1, 5)
     assert v.next_kind == "correction" and v.next_token == 6
     v = verify(TOKENS, TREE, onehot_logits({0: 0}).__getitem__, SAMPLING, "lossless", torch.Generator().manual_seed(0))
@@ -145,5 +146,6 @@ def test_typical_accepts_by_threshold_not_by_chance():
     row = torch.log(torch.tensor([0.001, 0.3, 0.2, 0.2, 0.1, 0.1, 0.098, 0.001]))
     rows = {n: row for n in range(TREE.num_nodes)}
     for seed in range(20):
-        v = verify([7, 0, 1, 3, 4, 3, 5], TREE, rows.__getitem__, SAMPLING, "typical", torch.Generator().manual_seed(seed))
+        g = torch.Generator().manual_seed(seed)
+        v = verify([7, 0, 1, 3, 4, 3, 5], TREE, rows.__getitem__, SAMPLING, "typical", g)
         assert v.rejected[0] == 1 and v.accepted[1] == 2  # token 0 (p .001) rejected, token 1 (p .3) accepted

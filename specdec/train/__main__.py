@@ -69,7 +69,15 @@ def main(argv=None) -> int:
     h.add_argument("--max-seconds", type=float, default=120.0)
     h.add_argument("--max-steps", type=int, default=0)
 
+    tr = sub.add_parser("tree", help="pick the tree for trained heads: best expected length per ms on this machine")
+    tr.add_argument("--model", required=True)
+    tr.add_argument("--heads", required=True, help="heads folder with heads_metrics.json beside or inside it")
+    tr.add_argument("--variant", default=None, help="variant key inside heads_metrics.json")
+    tr.add_argument("--threads", type=int, default=0)
+
     a = ap.parse_args(argv)
+    if a.cmd == "tree":
+        return _tree(a)
     out = Path(a.out)
     _logging(out / "train.log" if a.cmd != "tokenizer" else out.parent / "tokenizer.log")
     if a.cmd == "tokenizer":
@@ -113,6 +121,33 @@ def main(argv=None) -> int:
                               device=a.device)
         v = metrics["variants"]["heads"]
         print(json.dumps({"top1": v["top1"], "top5": v["top5"], "out": str(out / "heads")}))
+    return 0
+
+
+def _tree(a) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ..heads import load_heads
+    from .medusa import choose_tree
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    heads_dir = Path(a.heads)
+    mpath = next((p for p in (heads_dir / "heads_metrics.json", heads_dir.parent / "heads_metrics.json") if p.is_file()), None)
+    if mpath is None:
+        raise SystemExit(f"no heads_metrics.json in {heads_dir} or its parent")
+    metrics = json.loads(mpath.read_text())
+    variant = a.variant or heads_dir.name
+    acc = metrics["variants"][variant]["acc"]
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
+    heads, _ = load_heads(heads_dir, model)
+    result = choose_tree(acc, model)
+    best = next(r for r in result["candidates"] if r["nodes"] == result["chosen_nodes"])
+    heads.save(heads_dir, [tuple(p) for p in best["paths"]], dtype=torch.float16)
+    (heads_dir / "tree_choice.json").write_text(json.dumps(result, indent=2) + "\n")
+    for r in result["candidates"]:
+        print(f"{r['nodes']:3d} nodes  E[L]={r['expected_length']:.2f}  forward={r['forward_ms']:.1f} ms  "
+              f"{r['tokens_per_ms']:.3f} tok/ms" + ("  <- chosen" if r["nodes"] == result["chosen_nodes"] else ""))
     return 0
 
 

@@ -206,8 +206,44 @@ def train_heads(model, tokenizer, out_dir: str | Path, variants: dict[str, dict]
         }
         d = out / key
         default_budget = str(tree_budgets[len(tree_budgets) // 2] + 1)
-        h.save(d, [tuple(p) for p in trees[default_budget]["paths"]])
+        h.save(d, [tuple(p) for p in trees[default_budget]["paths"]], dtype=torch.float16)
         log.info("variant %s top1 %s top5 %s", key, [round(a, 3) for a in metrics["variants"][key]["top1"]],
                  [round(a, 3) for a in metrics["variants"][key]["top5"]])
     (out / "heads_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics
+
+
+def forward_cost_ms(model, nodes: int, prefix: int = 128, repeats: int = 15) -> float:
+    """Median wall time of one target forward of `nodes` tokens after a cached prefix."""
+    from .. import kv_cache
+    from ..target import TargetModel
+
+    target = TargetModel(model)
+    ids = torch.randint(0, target.vocab_size, (prefix,))
+    times = []
+    for _ in range(repeats):
+        cache = kv_cache.new_cache(model)
+        target.forward(ids, cache)
+        mask = torch.tril(torch.ones(nodes, nodes, dtype=torch.bool))
+        t = time.perf_counter()
+        target.forward(torch.randint(0, target.vocab_size, (nodes,)), cache, mask, torch.arange(nodes))
+        times.append((time.perf_counter() - t) * 1e3)
+    return float(np.median(times))
+
+
+def choose_tree(acc: list[list[float]], model, budgets=(3, 7, 11, 15, 23, 31, 47, 63)) -> dict:
+    """Pick the node budget with the best expected tokens per millisecond on this machine.
+
+    For each budget, `best_tree` gives the tree with the highest expected
+    accepted length E[L] (from measured head accuracies); we measure the
+    target forward for that many nodes and rank by E[L] / cost.
+    """
+    rows = []
+    for b in budgets:
+        paths = best_tree(acc, b)
+        e = expected_length(paths, acc)
+        cost = forward_cost_ms(model, b + 1)
+        rows.append({"nodes": b + 1, "expected_length": e, "forward_ms": cost, "tokens_per_ms": e / cost,
+                     "paths": [list(p) for p in paths]})
+    best = max(rows, key=lambda r: r["tokens_per_ms"])
+    return {"chosen_nodes": best["nodes"], "candidates": rows}

@@ -1,0 +1,75 @@
+"""Prometheus metrics, fed only by round events and the request lifecycle.
+
+Every metric lives in the registry passed in (the app makes one), never
+in prometheus_client's global default registry, so two apps or two tests
+in one process never share counters.
+
+Mean accepted length (tokens per target forward, bonus included) is
+derivable from the counters:
+
+    rate(specdec_emitted_tokens_total[5m]) / rate(specdec_rounds_total[5m])
+
+where both count decoding rounds only (the prefill is not a draft round).
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from .events import RoundEvent
+
+_LEN_BUCKETS = (1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 8)
+_MS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.requests = Counter("specdec_requests", "Finished requests by outcome", ["outcome"], registry=r)
+        self.rounds = Counter("specdec_rounds", "Decoding rounds (target forwards after the prefill)", registry=r)
+        self.draft_tokens = Counter("specdec_draft_tokens", "Draft tree nodes proposed (root excluded)", registry=r)
+        self.accepted_tokens = Counter("specdec_accepted_tokens", "Draft tokens accepted", registry=r)
+        self.accepted_per_depth = Counter("specdec_accepted_tokens_per_depth",
+                                          "Draft tokens accepted at each tree depth", ["depth"], registry=r)
+        self.rounds_per_depth = Counter("specdec_rounds_reaching_depth",
+                                        "Rounds whose tree had nodes at this depth (the per-depth denominator)",
+                                        ["depth"], registry=r)
+        self.emitted = Counter("specdec_emitted_tokens", "Tokens emitted by decoding rounds, by kind", ["kind"],
+                               registry=r)
+        self.accepted_length = Histogram("specdec_accepted_length", "Tokens emitted per round", buckets=_LEN_BUCKETS,
+                                         registry=r)
+        self.round_seconds = Histogram("specdec_round_seconds", "Wall time per round", buckets=_MS, registry=r)
+        self.ttft = Histogram("specdec_time_to_first_token_seconds", "Request start to first token", buckets=_MS,
+                              registry=r)
+        self.tpot = Histogram("specdec_time_per_output_token_seconds", "Decode time per output token after the first",
+                              buckets=_MS, registry=r)
+        self.e2e = Histogram("specdec_request_seconds", "End-to-end request latency", buckets=_MS + (30, 60),
+                             registry=r)
+        self.queue_wait = Histogram("specdec_queue_wait_seconds", "Time a request waited for the model",
+                                    buckets=_MS + (30, 60), registry=r)
+        self.in_flight = Gauge("specdec_requests_in_flight", "Requests being generated", registry=r)
+        self.cache_bytes = Gauge("specdec_prefix_cache_bytes", "Bytes held by the prefix KV cache", registry=r)
+        self.cache_hit_ratio = Gauge("specdec_prefix_cache_hit_ratio", "Prefix-cache hits / lookups", registry=r)
+
+    def observe_round(self, ev: RoundEvent) -> None:
+        """Count one round event (the prefill only feeds the emitted-token total)."""
+        if ev.index == 0:
+            return
+        self.rounds.inc()
+        self.round_seconds.observe(ev.timings.get("total", 0.0) / 1e3)
+        self.accepted_length.observe(len(ev.emitted))
+        for t in ev.emitted:
+            self.emitted.labels(kind=t.kind).inc()
+        if ev.nodes:
+            self.draft_tokens.inc(len(ev.nodes) - 1)
+            accepted = len(ev.accepted_path) - 1
+            self.accepted_tokens.inc(accepted)
+            depth_max = max(n.depth for n in ev.nodes)
+            for d in range(1, depth_max + 1):
+                self.rounds_per_depth.labels(depth=str(d)).inc()
+            for node in ev.accepted_path[1:]:
+                self.accepted_per_depth.labels(depth=str(ev.nodes[node].depth)).inc()
+
+    def observe_cache(self, cache) -> None:
+        if cache is not None:
+            self.cache_bytes.set(cache.bytes)
+            self.cache_hit_ratio.set(cache.hit_ratio)
