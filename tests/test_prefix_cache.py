@@ -1,0 +1,104 @@
+"""Prefix KV cache: identical output with and without it, and a byte budget that holds."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import specdec
+from specdec import kv_cache
+from specdec.prefix_cache import PrefixCache
+
+from conftest import make_model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model("llama", seed=3)
+
+
+def _run(loaded, ids, **kw):
+    return specdec.generate(loaded, prompt_ids=ids, max_new_tokens=24, **kw)
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=0.9, top_p=0.9, seed=7)])
+def test_output_identical_with_and_without_cache(model, sampling):
+    plain = specdec.load(model, heads="random")
+    cached = specdec.load(model, heads="random", prefix_cache=PrefixCache(max_bytes=10**8, min_tokens=4))
+    system = list(range(3, 40))  # a shared "system prompt"
+    prompts = [system + [50, 51, 52], system + [60, 61], system + [50, 51, 52]]  # new suffix, then a regenerate
+    hits = []
+    for ids in prompts:
+        for speculative in (True, False):
+            a = _run(plain, ids, speculative=speculative, **sampling)
+            b = _run(cached, ids, speculative=speculative, **sampling)
+            assert a.token_ids == b.token_ids
+            hits.append(b.rounds[0].prefix_cache_hit)
+    assert hits[0] == 0  # cold
+    assert max(hits) >= len(system)  # the shared prefix was reused
+    assert cached.engine.prefix_cache.hit_ratio > 0
+
+
+def test_restored_cache_equals_fresh_prefill(model):
+    target = specdec.target.TargetModel(model)
+    ids = list(range(5, 35))
+    pc = PrefixCache(max_bytes=10**8, min_tokens=1)
+    c = kv_cache.new_cache(model)
+    target.forward(torch.tensor(ids), c)
+    pc.insert(ids, c)
+    restored, n = pc.lookup(model, ids + [7, 8])
+    assert n == len(ids)
+    for (k, v), layer in zip(kv_cache.snapshot(restored, n), c.layers):
+        assert torch.equal(k, layer.keys[..., :n, :]) and torch.equal(v, layer.values[..., :n, :])
+    # handing out a copy: writing into the restored cache leaves the entry intact
+    with torch.inference_mode():
+        restored.layers[0].keys.zero_()
+    again, _ = pc.lookup(model, ids + [9])
+    assert torch.equal(again.layers[0].keys[..., :n, :], c.layers[0].keys[..., :n, :])
+
+
+def test_eviction_keeps_the_budget(model):
+    target = specdec.target.TargetModel(model)
+    one = None
+    pc = None
+    for i in range(8):
+        ids = [i + 1] * 20 + list(range(10, 30))
+        c = kv_cache.new_cache(model)
+        target.forward(torch.tensor(ids), c)
+        if pc is None:
+            one = kv_cache.nbytes(kv_cache.snapshot(c, len(ids)))
+            pc = PrefixCache(max_bytes=3 * one, min_tokens=1)
+        pc.insert(ids, c)
+        assert pc.bytes <= pc.max_bytes
+    assert len(pc) == 3 and pc.bytes == 3 * one
+    # the oldest entries went first (LRU): the first prompt no longer hits fully
+    _, n = pc.lookup(model, [1] * 20 + list(range(10, 30)))
+    assert n < 20
+
+
+def test_min_tokens_and_negative_budget(model):
+    with pytest.raises(ValueError, match="max_bytes"):
+        PrefixCache(max_bytes=-1)
+    pc = PrefixCache(max_bytes=10**8, min_tokens=16)
+    assert pc.lookup(model, [1, 2, 3]) == (None, 0)
+    assert pc.hit_ratio == 0.0
+
+
+def test_thread_safe_under_concurrent_use(model):
+    loaded = specdec.load(model, heads="random", prefix_cache=PrefixCache(max_bytes=10**7, min_tokens=4))
+    base = list(range(3, 30))
+    ref = {i: _run(specdec.load(model, heads="random"), base + [40 + i]).token_ids for i in range(4)}
+    errors, out = [], {}
+
+    def work(i):
+        try:
+            out[i] = _run(loaded, base + [40 + i]).token_ids
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errors
+    assert out == ref
