@@ -181,4 +181,5 @@ def save_model(model, tokenizer, d: Path) -> None:
     eos = tokenizer.eos_token_id
     m.generation_config = GenerationConfig(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
     m.to(torch.float16).save_pretrained(str(d), max_shard_size="15MB")
+    tokenizer.model_max_length = model.config.max_position_embeddings
     tokenizer.save_pretrained(str(d))

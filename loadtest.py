@@ -1,0 +1,161 @@
+"""Load test for a running specdec app, through gradio_client, on loopback only.
+
+    python app.py &                       # the app under test
+    python loadtest.py --clients 8 --requests 4 --max-new-tokens 64
+    python loadtest.py --clients 8 --disconnect 2   # 2 clients drop their stream midway
+
+N concurrent clients each send up to --requests generations (bounded in
+total time by --duration). For each request we record time to first
+token (first streamed update carrying a token), time per output token
+after the first, and end-to-end latency; the report gives completed,
+failed and cancelled requests, requests/s, tokens/s, and p50/p90/p99.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass
+from urllib.parse import urlparse
+
+PROMPTS = [
+    "def fibonacci(n):", "class Stack:", "import os\n\ndef list_files(path):", "def quicksort(items):",
+    "class Config:\n    def __init__(self", "def read_json(path):", "for i in range(10):",
+    "def is_prime(n):", "class Node:\n    def __init__(self, value):", "def main():\n    parser = argparse.",
+]
+
+
+@dataclass
+class Result:
+    client: int
+    outcome: str  # ok / failed / cancelled
+    ttft: float | None = None
+    tpot: float | None = None
+    e2e: float | None = None
+    tokens: int = 0
+    error: str = ""
+
+
+def _percentiles(xs: list[float]) -> dict:
+    if not xs:
+        return {"p50": None, "p90": None, "p99": None}
+    xs = sorted(xs)
+    pick = lambda q: xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]  # noqa: E731
+    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}
+
+
+def one_request(client, cid: int, args, rng: random.Random, disconnect: bool) -> Result:
+    t0 = time.perf_counter()
+    ttft, tokens, last = None, 0, None
+    job = client.submit(prompt=rng.choice(PROMPTS), temperature=args.temperature, top_k=0, top_p=1.0, min_p=0.0,
+                        max_new_tokens=args.max_new_tokens, seed=rng.randrange(10**6), tree="auto",
+                        acceptance="lossless", speculative=True, api_name="/generate")
+    try:
+        for update in job:
+            record = update[-1] if isinstance(update, (list, tuple)) else None
+            n = int(record.get("new_tokens", 0)) if isinstance(record, dict) else 0
+            if n > 0 and ttft is None:
+                ttft = time.perf_counter() - t0
+            tokens, last = max(tokens, n), record
+            if disconnect and tokens >= max(2, args.max_new_tokens // 4):
+                job.cancel()  # drop the stream midway, like a closed browser tab
+                return Result(cid, "cancelled", ttft, None, time.perf_counter() - t0, tokens)
+    except Exception as e:  # a failed request is data here, not a crash of the load test
+        return Result(cid, "failed", ttft, None, time.perf_counter() - t0, tokens, repr(e)[:200])
+    e2e = time.perf_counter() - t0
+    if last is None or tokens == 0:
+        return Result(cid, "failed", ttft, None, e2e, tokens, "no tokens streamed")
+    tpot = (e2e - ttft) / (tokens - 1) if tokens > 1 and ttft is not None else None
+    return Result(cid, "ok", ttft, tpot, e2e, tokens)
+
+
+def run(args) -> dict:
+    from gradio_client import Client
+
+    host = urlparse(args.url).hostname
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        raise SystemExit(f"loadtest only targets loopback, got {args.url}")
+    results: list[Result] = []
+    lock = threading.Lock()
+    deadline = time.perf_counter() + args.duration
+
+    def worker(cid: int) -> None:
+        rng = random.Random(args.seed + cid)
+        client = Client(args.url, verbose=False)
+        for i in range(args.requests):
+            if time.perf_counter() > deadline:
+                break
+            r = one_request(client, cid, args, rng, disconnect=cid < args.disconnect and i == 0)
+            with lock:
+                results.append(r)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(c,), daemon=True) for c in range(args.clients)]
+    [t.start() for t in threads]
+    [t.join(args.duration + 120) for t in threads]
+    wall = time.perf_counter() - t0
+    ok = [r for r in results if r.outcome == "ok"]
+    report = {
+        "clients": args.clients, "requests_per_client": args.requests, "max_new_tokens": args.max_new_tokens,
+        "wall_seconds": wall,
+        "completed": len(ok), "failed": sum(r.outcome == "failed" for r in results),
+        "cancelled": sum(r.outcome == "cancelled" for r in results),
+        "requests_per_second": len(ok) / wall if wall else 0.0,
+        "tokens_per_second": sum(r.tokens for r in ok) / wall if wall else 0.0,
+        "ttft_s": _percentiles([r.ttft for r in ok if r.ttft is not None]),
+        "tpot_s": _percentiles([r.tpot for r in ok if r.tpot is not None]),
+        "e2e_s": _percentiles([r.e2e for r in ok if r.e2e is not None]),
+        "errors": [r.error for r in results if r.outcome == "failed"][:5],
+        "results": [asdict(r) for r in results],
+    }
+    return report
+
+
+def markdown(rep: dict) -> str:
+    f = lambda x: "-" if x is None else f"{x * 1000:.0f} ms"  # noqa: E731
+    lines = [
+        f"clients {rep['clients']}, {rep['requests_per_client']} requests each, {rep['max_new_tokens']} new tokens, "
+        f"wall {rep['wall_seconds']:.1f} s",
+        "",
+        "| completed | failed | cancelled | requests/s | tokens/s |",
+        "| --- | --- | --- | --- | --- |",
+        f"| {rep['completed']} | {rep['failed']} | {rep['cancelled']} | {rep['requests_per_second']:.2f} | "
+        f"{rep['tokens_per_second']:.1f} |",
+        "",
+        "| latency | p50 | p90 | p99 |",
+        "| --- | --- | --- | --- |",
+    ]
+    for key, name in (("ttft_s", "time to first token"), ("tpot_s", "time per output token"),
+                      ("e2e_s", "end-to-end")):
+        p = rep[key]
+        lines.append(f"| {name} | {f(p['p50'])} | {f(p['p90'])} | {f(p['p99'])} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", default="http://127.0.0.1:7860/")
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=3, help="requests per client")
+    ap.add_argument("--duration", type=float, default=300.0, help="stop sending new requests after this many seconds")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--disconnect", type=int, default=0, help="this many clients drop their first stream midway")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None, help="write the full report here")
+    args = ap.parse_args(argv)
+    if args.clients < 1 or args.requests < 1:
+        ap.error("--clients and --requests must be >= 1")
+    rep = run(args)
+    print(markdown(rep))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rep, fh, indent=2)
+    return 1 if rep["failed"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
