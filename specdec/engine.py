@@ -95,6 +95,12 @@ class Engine:
                              f"so the prompt must be at most {limit - 1} tokens")
         return ids
 
+    def next_logits(self, prompt_ids) -> torch.Tensor:
+        """The target's logits for the token after `prompt_ids`: one cache-free forward. -> [V] float32, CPU."""
+        ids = self.check_prompt(prompt_ids)
+        hidden = self.target.forward(torch.tensor(ids, dtype=torch.long), kv_cache.new_cache(self.target.model))
+        return self.target.logits(hidden[-1]).cpu()  # [V]
+
     # -- the loop ------------------------------------------------------------
     def stream(self, prompt_ids, max_new_tokens: int = 64, params: ParamsSource = SamplingParams(),
                tree="auto", speculative: bool = True, acceptance: str = "auto",
@@ -157,8 +163,9 @@ class Engine:
         tok, prob = next_token(target.logits(h_last), params, gen)
         t1 = time.perf_counter()
         kind = "bonus" if speculative else "baseline"
-        emitted = [EmittedToken(tok, detok.push(tok), kind, None, prob)]
-        produced, finished = self._finish(emitted, produced, max_new_tokens, eos, len(ids), limit)
+        raw = [(tok, kind, None, prob)]
+        produced, finished = self._finish(raw, produced, max_new_tokens, eos, len(ids), limit)
+        emitted = self._emit(raw, detok, finished)
         ev = RoundEvent(0, (), (), tuple(emitted), params.to_dict(), "plain" if not speculative else self._rule(acceptance, params),
                         speculative, {"forward": (t1 - t0) * 1e3, "total": (t1 - t0) * 1e3}, produced, finished,
                         prompt_tokens=len(ids), prefix_cache_hit=hit, extra={"seed": seed})
@@ -215,8 +222,8 @@ class Engine:
             if tree is None:
                 h_last = hidden[-1]
             t5 = time.perf_counter()
-            emitted = [EmittedToken(t, detok.push(t), k, dq, tp) for t, k, dq, tp in raw]
-            produced, finished = self._finish(emitted, produced, max_new_tokens, eos, cache_len, limit)
+            produced, finished = self._finish(raw, produced, max_new_tokens, eos, cache_len, limit)
+            emitted = self._emit(raw, detok, finished)
             pending = emitted[-1].token_id
             t6 = time.perf_counter()
             timings["event"] = (t6 - t5) * 1e3
@@ -234,11 +241,26 @@ class Engine:
         return "lossless" if acceptance == "auto" else acceptance
 
     @staticmethod
-    def _finish(emitted: list[EmittedToken], produced: int, max_new: int, eos, cache_len: int, limit: int):
-        """Cut the round's tokens at EOS or max_new_tokens (in place); return (produced, finished)."""
+    def _emit(raw: list[tuple], detok: IncrementalDecoder, finished: str | None) -> list[EmittedToken]:
+        """Turn (token, kind, q, p) tuples into events, with incremental text.
+
+        Runs after the EOS / length cut, so dropped tokens never reach the decoder; on the last
+        round the decoder is flushed so a trailing partial character is not lost.
+        """
+        out = [EmittedToken(t, detok.push(t), k, dq, tp) for t, k, dq, tp in raw]
+        if finished is not None and out:
+            tail = detok.flush()
+            if tail:
+                last = out[-1]
+                out[-1] = EmittedToken(last.token_id, last.text + tail, last.kind, last.draft_prob, last.target_prob)
+        return out
+
+    @staticmethod
+    def _finish(emitted: list[tuple], produced: int, max_new: int, eos, cache_len: int, limit: int):
+        """Cut the round's (token, ...) tuples at EOS or max_new_tokens (in place); return (produced, finished)."""
         finished = None
         for i, t in enumerate(emitted):
-            if t.token_id in eos:
+            if t[0] in eos:
                 del emitted[i + 1 :]
                 finished = "eos"
                 break
