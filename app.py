@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import gradio as gr
+import torch
 
 import specdec
 from components import Handlers, Session, Settings, legend_html, plots
@@ -31,6 +32,15 @@ def gpu(fn: Callable) -> Callable:
     return spaces.GPU(duration=120)(fn)
 
 
+def resolve_heads(heads: str | None) -> str | None:
+    """A heads folder, 'random', None, or a Hugging Face repo id ("owner/name"), downloaded on first use."""
+    if heads is None or heads == "random" or os.path.isdir(heads) or heads.count("/") != 1 or heads.startswith("."):
+        return heads
+    from huggingface_hub import snapshot_download  # only needed on a Space pointing at hub heads
+
+    return snapshot_download(repo_id=heads)
+
+
 def examples() -> list[str]:
     return json.loads((STATIC / "examples.json").read_text())
 
@@ -45,22 +55,25 @@ def _model_line(loaded: specdec.Loaded) -> str:
     params = sum(p.numel() for p in model.parameters()) / 1e6
     dtype = str(next(model.parameters()).dtype).replace("torch.", "")
     heads = f"{loaded.heads.config.num_heads} Medusa heads" if loaded.heads is not None else "no draft heads"
-    return f"model **{loaded.name or type(model).__name__}** ({params:.1f}M params, {dtype}, {loaded.device}) · {heads}"
+    name = loaded.name or type(model).__name__
+    return f"model **{name}** ({params:.1f}M params, {dtype}, {loaded.device}) · {heads}"
 
 
 def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_size: int = 16,
-               figure_interval: float = 0.5, on_round: Iterable[Callable[[specdec.RoundEvent], None]] = ()
-               ) -> gr.Blocks:
+               figure_interval: float = 1.0, text_interval: float = 0.1,
+               on_round: Iterable[Callable[[specdec.RoundEvent], None]] = ()) -> gr.Blocks:
     """The whole app over one loaded model.
 
     Args:
         loaded: from `specdec.load`.
         max_prompt_tokens: longer prompts are refused with an error.
         queue_size: bound of the queue (`demo.queue(max_size=...)`).
-        figure_interval: minimum seconds between two updates of the figures while streaming.
+        figure_interval: minimum seconds between two tree updates while streaming (charts: 4x that).
+        text_interval: minimum seconds between two streamed updates; faster rounds are batched.
         on_round: extra callbacks that receive every RoundEvent of every Generate run.
     """
-    h = Handlers(loaded, max_prompt_tokens=max_prompt_tokens, figure_interval=figure_interval, on_round=on_round)
+    h = Handlers(loaded, max_prompt_tokens=max_prompt_tokens, figure_interval=figure_interval,
+                 text_interval=text_interval, on_round=on_round)
     d = Settings(tree=h.default_tree, speculative=loaded.heads is not None)
     prompts = examples()
     with gr.Blocks(title="specdec: speculative decoding, visible") as demo:
@@ -78,8 +91,9 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
                     cmp_btn = gr.Button("Compare", elem_id="compare-btn")
                     clear_btn = gr.Button("Clear", elem_id="clear-btn")
                 with gr.Group():
-                    temperature = gr.Slider(0, TEMPERATURE_MAX, d.temperature, step=0.05, label="temperature", elem_id="temperature",
-                                            info="0 = greedy; live: applies from the next round")
+                    temperature = gr.Slider(0, TEMPERATURE_MAX, d.temperature, step=0.05, label="temperature",
+                                            info="0 = greedy; live: applies from the next round",
+                                            elem_id="temperature")
                     top_k = gr.Slider(0, TOP_K_MAX, d.top_k, step=1, label="top-k", info="0 = off", elem_id="top-k")
                     top_p = gr.Slider(0.01, 1.0, d.top_p, step=0.01, label="top-p", info="1 = off", elem_id="top-p")
                     min_p = gr.Slider(0.0, 1.0, d.min_p, step=0.01, label="min-p", info="0 = off", elem_id="min-p")
@@ -112,8 +126,12 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
             cmp_md = gr.Markdown("Press **Compare** to run the same prompt and settings with and without "
                                  "speculation.", label="comparison", elem_id="compare-md")
             with gr.Row():
-                cmp_spec = gr.HTML("", label="speculative", elem_id="cmp-spec")
-                cmp_base = gr.HTML("", label="baseline", elem_id="cmp-base")
+                with gr.Column():
+                    gr.Markdown("**speculative**")
+                    cmp_spec = gr.HTML("", label="speculative", elem_id="cmp-spec")
+                with gr.Column():
+                    gr.Markdown("**baseline** (plain decoding)")
+                    cmp_base = gr.HTML("", label="baseline", elem_id="cmp-base")
         with gr.Accordion("Round event (JSON)", open=False):
             event_json = gr.JSON(label="latest round", elem_id="event-json")
 
@@ -121,8 +139,10 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
         gen_outputs = [tokens, stats, tree_plot, round_slider, round_info, len_plot, depth_plot, tps_plot,
                        sampler_plot, event_json]
         model_queue = dict(concurrency_id="model", concurrency_limit=1)
+        # The progress timer goes on the stats line only: one timer per streamed output costs the
+        # browser a re-layout on every tick.
         gen = gen_btn.click(gpu(h.generate), controls + [session], gen_outputs, api_name="generate",
-                            show_progress="minimal", **model_queue)
+                            show_progress="minimal", show_progress_on=[stats], **model_queue)
         cmp = cmp_btn.click(gpu(h.compare), controls + [session], [cmp_md, cmp_spec, cmp_base],
                             api_name="compare", show_progress="minimal", **model_queue)
         stop_btn.click(h.stop, [session], None, api_name="stop", queue=False, cancels=[gen, cmp])
@@ -146,7 +166,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default=os.environ.get("SPECDEC_MODEL"),
                    help="hub id or local path (default: $SPECDEC_MODEL, else the embedded model)")
     p.add_argument("--heads", default=os.environ.get("SPECDEC_HEADS"),
-                   help="heads folder or 'random' (default: $SPECDEC_HEADS, else the embedded heads)")
+                   help="heads folder, hub repo id or 'random' (default: $SPECDEC_HEADS, else the embedded heads)")
     # Spaces set GRADIO_SERVER_NAME/PORT; locally we serve on 127.0.0.1:7860.
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
@@ -159,7 +179,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    loaded = specdec.load(args.model, heads=args.heads, device=args.device, dtype=args.dtype)
+    loaded = specdec.load(args.model, heads=resolve_heads(args.heads), device=args.device, dtype=args.dtype)
+    if loaded.device.type == "cuda":
+        # cuDNN attention builds a plan for every new (query, cache) length: measured on an H200,
+        # it made a user's first 128-token run 10.3 s instead of 4.0 s. The other SDPA kernels don't.
+        torch.backends.cuda.enable_cudnn_sdp(False)
     demo = build_demo(loaded, max_prompt_tokens=args.max_prompt_tokens, queue_size=args.queue_size)
     demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs())
 

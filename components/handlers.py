@@ -68,13 +68,19 @@ def round_markdown(ev: RoundEvent | None) -> str:
 class Handlers:
     """The app's event handlers over one loaded model."""
 
-    def __init__(self, loaded: Loaded, max_prompt_tokens: int = 512, figure_interval: float = 0.5,
+    def __init__(self, loaded: Loaded, max_prompt_tokens: int = 512, figure_interval: float = 1.0,
+                 text_interval: float = 0.1, chart_interval: float | None = None,
                  on_round: Iterable[Callable[[RoundEvent], None]] = (), sampler_top: int = 20) -> None:
         self.loaded = loaded
         self.engine = loaded.engine
         ctx = self.engine.target.max_length
         self.max_prompt_tokens = min(max_prompt_tokens, ctx - 2) if ctx else max_prompt_tokens
+        # Plotly redraws are the browser's heaviest work while streaming (measured: a page
+        # stalled for many seconds with four figures every 0.5 s), so the tree updates every
+        # `figure_interval` s and the three charts less often; the final update has them all.
         self.figure_interval = figure_interval
+        self.chart_interval = 4 * figure_interval if chart_interval is None else chart_interval
+        self.text_interval = text_interval
         self.on_round = list(on_round)
         self.sampler_top = sampler_top
         self.sampler_lock = threading.Lock()  # one small sampler-view forward at a time, across sessions
@@ -131,10 +137,11 @@ class Handlers:
 
     def _sampler_figure(self, session: Session, ids: list[int], settings: Settings, note: str):
         key = tuple(ids)
-        if session.sampler_key != key or session.sampler_logits is None:
-            session.sampler_logits, session.sampler_key = self.next_logits(ids), key
+        cache = session.sampler_cache
+        if cache is None or cache[0] != key:
+            cache = session.sampler_cache = (key, self.next_logits(ids))
         params = settings.sampling_params()
-        rows = filter_stages(session.sampler_logits, params, top=self.sampler_top)
+        rows = filter_stages(cache[1], params, top=self.sampler_top)
         return plots.sampler_figure(rows, self.engine.token_text, params.to_dict(), len(ids), note)
 
     def _json(self, run: Run, ev: RoundEvent, stopped: bool = False) -> dict:
@@ -148,7 +155,12 @@ class Handlers:
     # -- Generate --------------------------------------------------------------
     def generate(self, prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree, acceptance,
                  speculative, session: Session):
-        """Stream one generation: an update per round; figures at most every `figure_interval` s."""
+        """Stream one generation: an update per round, the tree at most every `figure_interval` s.
+
+        Rounds faster than `text_interval` (a GPU does hundreds per second) are batched into one
+        update: each yield costs Gradio a diff and a message, and the engine only runs while we
+        are not suspended at a yield, so yielding per round would pace decoding by the UI.
+        """
         settings, ids = self._validate(prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree,
                                        acceptance, speculative)
         run = session.start_run(prompt, ids, settings)
@@ -159,36 +171,41 @@ class Handlers:
         except ValueError as e:
             session.finish(run)
             raise gr.Error(str(e), title="Invalid input", print_exception=False) from None
-        heavy = Throttle(self.figure_interval)
+        tree_due, charts_due = Throttle(self.figure_interval), Throttle(self.chart_interval)
+        text_due = Throttle(self.text_interval)
         text_html, prev, ev = prompt_html(prompt), None, None
         try:
             for ev in stream:  # `run.record` has already stored it
                 text_html += render_round(ev, prev)
                 prev = ev.params
-                yield self._updates(run, ev, text_html, heavy(force=ev.finished is not None), sampler=gr.skip())
+                if text_due():
+                    yield self._updates(run, ev, text_html, tree_due(), charts_due(), sampler=gr.skip())
         finally:
             stream.close()  # frees the KV cache also when Gradio closes us (Stop, disconnect)
             session.finish(run)
         if ev is None:
             return
+        # The final update always carries every figure, and the sampler view at the new position.
         note = "position after the generated text; moving a slider re-filters it"
         sampler = self._sampler_figure(session, run.prompt_ids + run.token_ids, session.live, note)
-        yield self._updates(run, ev, text_html, True, sampler)
+        yield self._updates(run, ev, text_html, True, True, sampler)
 
-    def _updates(self, run: Run, ev: RoundEvent, text_html: str, heavy: bool, sampler) -> tuple:
+    def _updates(self, run: Run, ev: RoundEvent, text_html: str, tree: bool, charts: bool, sampler) -> tuple:
         stopped = run.stopped and ev.finished is None
         stats = stats_markdown(summarize(run.events), stopped=stopped or run.done)
-        if not heavy:
-            sk = gr.skip()
-            return (text_html, stats, sk, sk, sk, sk, sk, sk, sampler, self._json(run, ev, stopped))
-        # Show the newest round that verified a tree: the last rounds of a run can be plain
-        # (no room left under max_new_tokens), and their empty view would hide the last tree.
-        shown = next((e for e in reversed(run.events) if e.nodes), ev)
-        return (text_html, stats, plots.tree_figure(shown),
-                gr.Slider(minimum=0, maximum=max(1, ev.index), value=shown.index, step=1),
-                round_markdown(shown), plots.accepted_length_figure(run.events),
-                plots.depth_acceptance_figure(run.events), plots.throughput_figure(run.events), sampler,
-                self._json(run, ev, stopped))
+        sk = gr.skip()
+        tree_out = (sk, sk, sk)
+        if tree:
+            # Show the newest round that verified a tree: the last rounds of a run can be plain
+            # (no room left under max_new_tokens), and their empty view would hide the last tree.
+            shown = next((e for e in reversed(run.events) if e.nodes), ev)
+            tree_out = (plots.tree_figure(shown), gr.Slider(minimum=0, maximum=max(1, ev.index), value=shown.index,
+                                                           step=1), round_markdown(shown))
+        charts_out = (sk, sk, sk)
+        if charts:
+            charts_out = (plots.accepted_length_figure(run.events), plots.depth_acceptance_figure(run.events),
+                          plots.throughput_figure(run.events))
+        return (text_html, stats, *tree_out, *charts_out, sampler, self._json(run, ev, stopped))
 
     def stop(self, session: Session) -> None:
         """Stop the session's running generation (or Compare); the engine sees it before its next round."""
@@ -250,6 +267,15 @@ class Handlers:
         results = {}
         tick = Throttle(0.5)
         try:
+            # Untimed warm-up of both paths: first calls pay for kernel selection and allocator
+            # growth. On CUDA that cost recurs for every new (query, cache) length, and can exceed
+            # a whole run, so there the warm-up is the same run (same seed, so the same shapes).
+            warm = settings.max_new_tokens if self.loaded.device.type == "cuda" else min(4, settings.max_new_tokens)
+            yield "Warming up both decoders…", gr.skip(), gr.skip()
+            for spec in (True, False):
+                for _ in self.engine.stream(ids, warm, params, settings.tree, spec, settings.acceptance,
+                                            should_stop=session.should_stop(run)):
+                    pass
             for name, spec in (("speculative", True), ("baseline", False)):
                 stream = self.engine.stream(ids, settings.max_new_tokens, params, settings.tree, spec,
                                             settings.acceptance, should_stop=session.should_stop(run))
@@ -287,10 +313,10 @@ class Handlers:
         b_ids = [t.token_id for ev in bev for t in ev.emitted]
         if greedy:
             if s_ids == b_ids:
-                same = "✅ **identical** texts (greedy: speculative decoding must reproduce the baseline exactly)"
+                same = "✓ **identical** texts (greedy: speculative decoding must reproduce the baseline exactly)"
             else:
                 k = next((i for i, (x, y) in enumerate(zip(s_ids, b_ids)) if x != y), min(len(s_ids), len(b_ids)))
-                same = (f"❌ texts **differ** from token {k} (greedy should match exactly; in fp16/bf16 "
+                same = (f"✗ texts **differ** from token {k} (greedy should match exactly; in fp16/bf16 "
                         "tiny numeric differences between a tree forward and a single-token forward can flip a tie)")
         elif settings.acceptance in LOSSY_RULES:
             same = "typical acceptance is **LOSSY**: the output no longer follows the target distribution"
@@ -302,5 +328,6 @@ class Handlers:
                 f"| speculative | {s['new_tokens']} | {sbusy:.2f} | {st or 0:.1f} | "
                 f"{s['mean_accepted_length'] or 0:.2f} |\n"
                 f"| baseline | {b['new_tokens']} | {bbusy:.2f} | {bt or 0:.1f} | 1.00 |\n\n"
-                f"Measured speedup {sp} (same prompt, settings and seed; time spent in the engine, UI excluded). "
+                f"Measured speedup {sp} (same prompt, settings and seed; engine time after an untimed warm-up, "
+                f"UI excluded). "
                 f"{same}.")

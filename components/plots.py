@@ -54,16 +54,25 @@ def empty_figure(message: str, height: int = 260) -> go.Figure:
 
 # -- the draft tree ------------------------------------------------------------
 
-def tree_layout(event: RoundEvent) -> tuple[list[float], list[float]]:
-    """x = depth; y from a tidy layout: leaves on separate rows, rank 0 on top, parents centred."""
+def tree_layout(event: RoundEvent, extra_child_of: int | None = None) -> tuple[list[float], list[float]]:
+    """x = depth; y from a tidy layout: leaves on separate rows, rank 0 on top, parents centred.
+
+    With `extra_child_of`, a virtual node (index N) is laid out as the last child of that node:
+    the target's own token, which gets its own row instead of overlapping the drafts.
+    """
     n = len(event.nodes)
-    kids: list[list[int]] = [[] for _ in range(n)]
+    total = n + (extra_child_of is not None)
+    kids: list[list[int]] = [[] for _ in range(total)]
     for i, node in enumerate(event.nodes):
         if node.parent >= 0:
             kids[node.parent].append(i)
     for c in kids:
         c.sort(key=lambda j: event.nodes[j].rank)
-    ys = [0.0] * n
+    xs = [float(node.depth) for node in event.nodes]
+    if extra_child_of is not None:
+        kids[extra_child_of].append(n)
+        xs.append(xs[extra_child_of] + 1)
+    ys = [0.0] * total
     next_row = [0]
 
     def place(i: int) -> float:  # recursion depth = tree depth, a handful
@@ -76,7 +85,7 @@ def tree_layout(event: RoundEvent) -> tuple[list[float], list[float]]:
 
     if n:
         place(0)
-    return [float(node.depth) for node in event.nodes], ys
+    return xs, ys
 
 
 def _segments(pairs, xs, ys):
@@ -95,9 +104,11 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
         why = "round 0 is the prefill: the target picks the first token" if event.index == 0 else \
             "plain decoding (speculation off or no room left): one target forward per token, no draft tree"
         return empty_figure(f"Round {event.index}: {why}.")
-    xs, ys = tree_layout(event)
     nodes = event.nodes
     path = list(event.accepted_path)
+    extra = [t for t in event.emitted if t.kind != "accepted"]  # the target's own token, if any
+    last = path[-1] if path else 0
+    xs, ys = tree_layout(event, last if extra else None)
     on_path = set(zip(path, path[1:]))
     all_edges = [(n.parent, i) for i, n in enumerate(nodes) if n.parent >= 0]
     fig = go.Figure()
@@ -121,17 +132,15 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
         fig.add_trace(go.Scatter(
             x=[xs[i] for i in idx], y=[ys[i] for i in idx], mode="markers+text", name=STATUS_NAMES[status],
             text=[(f"<b>{label(nodes[i].text)}</b>" if bold else label(nodes[i].text)) for i in idx],
-            textposition="middle right", textfont=dict(size=11, color="#212121"),
+            textposition="top right", textfont=dict(size=11, color="#212121"),
             marker=dict(color=STATUS_COLORS[status], size=14 if bold else 10,
                         line=dict(color="#1b5e20" if bold else "#ffffff", width=2 if bold else 1)),
             customdata=custom, hovertemplate=hover,
         ))
     # The target's own token after the accepted path: a correction or a bonus.
-    extra = [t for t in event.emitted if t.kind != "accepted"]
     if extra:
         tok = extra[-1]
-        last = path[-1] if path else 0
-        x_t, y_t = xs[last] + 1, max(ys) + 1
+        x_t, y_t = xs[-1], ys[-1]
         color = TARGET_COLORS.get(tok.kind, TARGET_COLORS["baseline"])
         fig.add_trace(go.Scatter(x=[xs[last], x_t], y=[ys[last], y_t], mode="lines", hoverinfo="skip",
                                  line=dict(color=color, width=2, dash="dash"), showlegend=False))
@@ -146,15 +155,15 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
     got = len(path) - 1
     kind = extra[-1].kind if extra else "none"
     rule = event.acceptance + (" (LOSSY)" if event.acceptance == "typical" else "")
-    leaves = len(nodes) - len({n.parent for n in nodes if n.parent >= 0})
+    leaves = int(round(-min(ys))) + 1  # leaf rows are 0, -1, -2, ...
     fig.update_layout(
         title=dict(text=f"Round {event.index}: accepted {got} of {drafts} drafts, then a {kind} token<br>"
-                        f"<sup>rule {rule} · bold = accepted path · hover a node for head rank, q and p</sup>",
+                        f"<sup>rule {rule} · columns = depth (head = depth − 1) · bold = accepted path · "
+                        f"hover a node for head rank, q and p</sup>",
                    font=dict(size=14)),
         height=int(min(1000, max(400, 26 * leaves + 170))),
         margin=dict(l=10, r=10, t=60, b=20), plot_bgcolor="#ffffff", uirevision=f"tree-{len(nodes)}",
-        xaxis=dict(title="depth (head = depth − 1)", dtick=1, range=[-0.3, max(xs) + 1.9], zeroline=False,
-                   gridcolor="#eeeeee", side="top", title_standoff=2),
+        xaxis=dict(dtick=1, range=[-0.3, max(xs) + 0.9], zeroline=False, gridcolor="#eeeeee", side="top"),
         yaxis=dict(visible=False), hoverlabel=dict(align="left"),
         legend=dict(orientation="h", y=-0.02, yanchor="top", entrywidth=125, font=dict(size=11)),
     )

@@ -130,8 +130,9 @@ class Session:
     run: Run | None = None  # the last Generate run: the round slider and the charts read it
     active: Run | None = None  # whatever runs now (a Generate or a Compare run); Stop stops it
     runs_started: int = 0
-    sampler_key: tuple | None = None  # token ids whose next-token logits are cached below
-    sampler_logits: object = None  # [V] float32 tensor, or None
+    # (token ids, their next-token logits [V]) for the sampler view; one tuple so that the
+    # generation thread and a slider event never see a key with another context's logits.
+    sampler_cache: tuple | None = None
 
     def start_run(self, prompt: str, prompt_ids: list[int], settings: Settings, main: bool = True) -> Run:
         """A new run; it supersedes (stops) any unfinished run of this session."""

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
+import types
 import threading
 import time
 
@@ -12,6 +14,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import specdec
+import app
 from app import build_demo, launch_kwargs
 
 GREEDY = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, tree="small", acceptance="lossless",
@@ -28,7 +31,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def server():
     loaded = specdec.load(device="cpu")
-    demo = build_demo(loaded, max_prompt_tokens=64, figure_interval=0.2, on_round=[SEEN.append])
+    demo = build_demo(loaded, max_prompt_tokens=64, figure_interval=0.2, text_interval=0.0, on_round=[SEEN.append])
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
                             quiet=True, **launch_kwargs())
     yield url, loaded
@@ -147,6 +150,11 @@ def test_stop_halts_within_a_round_and_live_tuning_applies(server):
     final = round_json(job.outputs()[-1])
     assert final["finished"] == "stopped" and final["new_tokens"] < 400
     assert "settings changed" in job.outputs()[-1][1]
+    tree, info, event = c.predict(1, api_name="/round")  # step back to round 1
+    assert event["index"] == 1 and "Round 1" in info
+    cleared = c.predict(api_name="/clear")
+    assert cleared[0] == "" and cleared[1] == ""
+    assert c.predict(1, api_name="/round")[2] is None  # nothing left in the session
 
 
 @pytest.mark.timeout(90)
@@ -154,7 +162,7 @@ def test_compare_reports_speedup_and_identity_for_greedy(server):
     url, _ = server
     md, spec_html, base_html = client(url).predict(prompt="def f(x):", max_new_tokens=8, **GREEDY,
                                                    api_name="/compare")
-    assert "speedup" in md and "identical" in md
+    assert "speedup" in md and "identical" in md and "warm-up" in md
     assert spec_html.count("sd-tok") == 8 and base_html.count("sd-baseline") == 8
 
 
@@ -185,3 +193,29 @@ def test_a_disconnected_client_frees_the_model(server):
     # and the model queue serves the next client
     out = client(url).predict(prompt="class Stack:", max_new_tokens=3, **GREEDY, api_name="/generate")
     assert round_json(out)["new_tokens"] == 3
+
+
+def test_app_wiring_queue_spaces_and_arguments(server, monkeypatch):
+    _, loaded = server
+    demo = build_demo(loaded, queue_size=3)
+    assert demo._queue.max_size == 3
+    model_events = {f.api_name for f in demo.fns.values() if f.concurrency_id == "model"}
+    assert model_events == {"generate", "compare"}
+    assert all(f.concurrency_limit == 1 for f in demo.fns.values() if f.concurrency_id == "model")
+    assert all(not f.queue for f in demo.fns.values() if f.api_name in ("set_sampling", "round", "stop"))
+    # spaces.GPU is applied when the package exists, and a no-op otherwise
+    assert app.gpu(len) is len
+    fake = types.ModuleType("spaces")
+    fake.GPU = lambda duration=60: (lambda fn: ("gpu", duration, fn))
+    monkeypatch.setitem(sys.modules, "spaces", fake)
+    assert app.gpu(len) == ("gpu", 120, len)
+    # arguments and environment variables
+    monkeypatch.setenv("SPECDEC_MODEL", "some/model")
+    monkeypatch.setenv("SPECDEC_HEADS", "random")
+    monkeypatch.delenv("GRADIO_SERVER_PORT", raising=False)
+    args = app.parse_args([])
+    assert (args.model, args.heads, args.port) == ("some/model", "random", 7860)
+    assert app.parse_args(["--model", "x", "--port", "9000", "--host", "0.0.0.0"]).port == 9000
+    assert app.resolve_heads("random") == "random" and app.resolve_heads(None) is None
+    heads_dir = str(specdec.api.DEFAULT_HEADS)
+    assert app.resolve_heads(heads_dir) == heads_dir

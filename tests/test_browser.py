@@ -30,7 +30,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def url():
-    demo = build_demo(specdec.load(device="cpu"), figure_interval=0.3)
+    demo = build_demo(specdec.load(device="cpu"))
     _, local, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
                               quiet=True, **launch_kwargs())
     yield local
@@ -84,12 +84,6 @@ def test_generate_in_a_real_browser(url, browser):
         "() => [...document.querySelectorAll('#stats')].some(s => s.textContent.includes('status: length'))",
         timeout=90_000)
     page.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer .point", timeout=30_000)
-    page.wait_for_timeout(500)  # let plotly finish its last redraw before the screenshot
-    ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "app_browser.png"
-    page.screenshot(path=str(shot), full_page=True)
-    assert shot.stat().st_size > 10_000
-
     # Tokens: coloured spans with a hover title, and the prompt in front.
     spans = page.locator("#tokens .sd-tok")
     assert spans.count() == 24
@@ -115,5 +109,10 @@ def test_generate_in_a_real_browser(url, browser):
         "() => [...document.querySelectorAll('#tree-plot .gtitle')].some(t => t.textContent.startsWith('Round 1:'))",
         timeout=30_000)
     assert "Round 1" in page.locator("#round-info").text_content()
+    page.wait_for_timeout(500)  # let plotly finish its last redraw before the screenshot
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "app_browser.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
     assert not errors, errors
     page.close()

@@ -110,6 +110,9 @@ def test_tree_layout_centres_parents_between_children():
     assert len({ys[i] for i in leaves}) == 3
     assert ys[1] == pytest.approx((ys[3] + ys[4]) / 2)
     assert ys[3] > ys[4]  # rank 0 above rank 1
+    xs2, ys2 = plots.tree_layout(ev, extra_child_of=4)  # the target's token gets a row of its own
+    assert xs2[-1] == 3.0 and len(set(ys2[i] for i in (3, 5, 6, 7))) == 4
+    assert ys2[4] == pytest.approx((ys2[5] + ys2[7]) / 2)
 
 
 def test_tree_figure_without_tree_says_why():
@@ -214,8 +217,8 @@ def test_render_tokens_escapes_and_marks_settings_changes():
 
 
 def test_partial_utf8_token_renders_empty_span():
-    ev = RoundEvent(1, (), (0,), (EmittedToken(1, "", "baseline", None, 0.5), EmittedToken(2, "é", "baseline", None, 0.5)),
-                    dict(P0), "plain", False, {"total": 1.0}, 3)
+    toks = (EmittedToken(1, "", "baseline", None, 0.5), EmittedToken(2, "é", "baseline", None, 0.5))
+    ev = RoundEvent(1, (), (0,), toks, dict(P0), "plain", False, {"total": 1.0}, 3)
     out = render_round(ev)
     assert "sd-partial" in out and ">é</span>" in out
 
@@ -284,7 +287,7 @@ def test_throttle():
 
 @pytest.fixture(scope="module")
 def handlers() -> Handlers:
-    return Handlers(specdec.load(device="cpu"), max_prompt_tokens=64, figure_interval=0.0)
+    return Handlers(specdec.load(device="cpu"), max_prompt_tokens=64, figure_interval=0.0, text_interval=0.0)
 
 
 CONTROLS = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, max_new_tokens=10, seed=0, tree="chain",
@@ -333,9 +336,9 @@ def test_handler_sampler_view_and_compare(handlers):
     session = Session()
     fig = handlers.sampler_view("def f(x):", 0.8, 5, 1.0, 0.0, "lossless", session)
     assert len(by_name(fig)["kept"].x) == 5
-    key = session.sampler_key
+    cached = session.sampler_cache
     fig = handlers.sampler_view("def f(x):", 0.8, 3, 1.0, 0.0, "lossless", session)
-    assert session.sampler_key == key and len(by_name(fig)["kept"].x) == 3  # cached logits, re-filtered
+    assert session.sampler_cache is cached and len(by_name(fig)["kept"].x) == 3  # cached logits, re-filtered
     assert not handlers.sampler_view("", 0.8, 3, 1.0, 0.0, "lossless", session).data
     out = list(handlers.compare("def f(x):", *{**CONTROLS, "max_new_tokens": 6}.values(), session))[-1]
     assert "identical" in out[0] and "speedup" in out[0]
@@ -346,3 +349,11 @@ def test_round_markdown():
     md = round_markdown(tree_event(2))
     assert "**Round 2**" in md and "6 drafts" in md and "correction" in md
     assert round_markdown(None) == ""
+
+
+def test_fast_rounds_are_batched_into_fewer_updates(handlers):
+    batched = Handlers(handlers.loaded, figure_interval=60.0, text_interval=60.0)
+    updates = list(batched.generate("def f(x):", *{**CONTROLS, "max_new_tokens": 12}.values(), Session()))
+    assert len(updates) == 2  # the first round, then the final update with everything
+    assert updates[-1][-1]["new_tokens"] == 12 and updates[-1][0].count("sd-tok") == 12
+    assert isinstance(updates[0][2], go.Figure)  # figures come with the first update too
