@@ -1,9 +1,10 @@
 """specdec demo: watch speculative decoding round by round (`python app.py`, then open http://127.0.0.1:7860).
 
-Only wiring lives here: load the model once, lay out the controls, and
-connect events to `components.Handlers`. Model work runs in one queue
-(`concurrency_id="model"`); the sampler view, the round slider and Stop
-never wait in it.
+Only wiring lives here: load the model once (with a prefix KV cache), lay
+out the controls, and connect events to `components.Handlers`. Model work
+runs in one queue (`concurrency_id="model"`); the sampler view, the round
+slider and Stop never wait in it. The same server answers `/metrics`
+(Prometheus text format) for the app's one `Metrics`.
 """
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ import gradio as gr
 import torch
 
 import specdec
-from components import Handlers, Session, Settings, legend_html, plots
+from components import Handlers, Session, Settings, legend_html, plots, serving
 from components.session import ACCEPTANCE_CHOICES, MAX_NEW_TOKENS_MAX, SEED_MAX, TEMPERATURE_MAX, TOP_K_MAX
+from specdec.metrics import Metrics
+from specdec.prefix_cache import PrefixCache
 
 STATIC = Path(__file__).resolve().parent / "assets" / "static"
 
@@ -45,9 +48,13 @@ def examples() -> list[str]:
     return json.loads((STATIC / "examples.json").read_text())
 
 
-def launch_kwargs() -> dict:
-    """Theme and CSS: Gradio 6 takes them in `launch()`, not `Blocks()`."""
-    return {"css_paths": [STATIC / "app.css"], "theme": gr.themes.Soft(primary_hue="green")}
+def launch_kwargs(metrics: Metrics | None = None) -> dict:
+    """Theme and CSS (Gradio 6 takes them in `launch()`, not `Blocks()`), and with `metrics`, the
+    `/metrics` route and request arrival stamps on the same server."""
+    kwargs = {"css_paths": [STATIC / "app.css"], "theme": gr.themes.Soft(primary_hue="green")}
+    if metrics is not None:
+        kwargs["app_kwargs"] = serving.app_kwargs(metrics)
+    return kwargs
 
 
 def _model_line(loaded: specdec.Loaded) -> str:
@@ -56,12 +63,15 @@ def _model_line(loaded: specdec.Loaded) -> str:
     dtype = str(next(model.parameters()).dtype).replace("torch.", "")
     heads = f"{loaded.heads.config.num_heads} Medusa heads" if loaded.heads is not None else "no draft heads"
     name = loaded.name or type(model).__name__
-    return f"model **{name}** ({params:.1f}M params, {dtype}, {loaded.device}) · {heads}"
+    cache = loaded.engine.prefix_cache
+    cache = f" · prefix cache {cache.max_bytes / 2**20:.0f} MiB" if cache is not None else ""
+    return f"model **{name}** ({params:.1f}M params, {dtype}, {loaded.device}) · {heads}{cache}"
 
 
 def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_size: int = 16,
                figure_interval: float = 1.0, text_interval: float = 0.1,
-               on_round: Iterable[Callable[[specdec.RoundEvent], None]] = ()) -> gr.Blocks:
+               on_round: Iterable[Callable[[specdec.RoundEvent], None]] = (),
+               metrics: Metrics | None = None) -> gr.Blocks:
     """The whole app over one loaded model.
 
     Args:
@@ -71,9 +81,11 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
         figure_interval: minimum seconds between two tree updates while streaming (charts: 4x that).
         text_interval: minimum seconds between two streamed updates; faster rounds are batched.
         on_round: extra callbacks that receive every RoundEvent of every Generate run.
+        metrics: the app's Prometheus metrics, fed by Generate requests and their rounds; serve them
+            with `demo.launch(**launch_kwargs(metrics))`. None: no metrics.
     """
     h = Handlers(loaded, max_prompt_tokens=max_prompt_tokens, figure_interval=figure_interval,
-                 text_interval=text_interval, on_round=on_round)
+                 text_interval=text_interval, on_round=on_round, metrics=metrics)
     d = Settings(tree=h.default_tree, speculative=loaded.heads is not None)
     prompts = examples()
     with gr.Blocks(title="specdec: speculative decoding, visible") as demo:
@@ -174,18 +186,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--max-prompt-tokens", type=int, default=512)
     p.add_argument("--queue-size", type=int, default=16)
-    return p.parse_args(argv)
+    p.add_argument("--prefix-cache-mb", type=float, default=256.0,
+                   help="memory budget of the prefix KV cache (LRU), in MiB (default: 256)")
+    p.add_argument("--no-prefix-cache", action="store_true", help="prefill every prompt from scratch")
+    args = p.parse_args(argv)
+    if args.prefix_cache_mb <= 0:
+        p.error(f"--prefix-cache-mb must be > 0, got {args.prefix_cache_mb} (use --no-prefix-cache to switch it off)")
+    return args
+
+
+def prefix_cache(args: argparse.Namespace) -> PrefixCache | None:
+    return None if args.no_prefix_cache else PrefixCache(max_bytes=int(args.prefix_cache_mb * 2**20))
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    loaded = specdec.load(args.model, heads=resolve_heads(args.heads), device=args.device, dtype=args.dtype)
+    loaded = specdec.load(args.model, heads=resolve_heads(args.heads), device=args.device, dtype=args.dtype,
+                          prefix_cache=prefix_cache(args))
     if loaded.device.type == "cuda":
         # cuDNN attention builds a plan for every new (query, cache) length: measured on an H200,
         # it made a user's first 128-token run 10.3 s instead of 4.0 s. The other SDPA kernels don't.
         torch.backends.cuda.enable_cudnn_sdp(False)
-    demo = build_demo(loaded, max_prompt_tokens=args.max_prompt_tokens, queue_size=args.queue_size)
-    demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs())
+    metrics = Metrics()  # one registry per app; served at /metrics
+    demo = build_demo(loaded, max_prompt_tokens=args.max_prompt_tokens, queue_size=args.queue_size, metrics=metrics)
+    demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs(metrics))
 
 
 if __name__ == "__main__":

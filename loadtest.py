@@ -3,6 +3,7 @@
     python app.py &                       # the app under test
     python loadtest.py --clients 8 --requests 4 --max-new-tokens 64
     python loadtest.py --clients 8 --disconnect 2   # 2 clients drop their stream midway
+    python loadtest.py --shared-prefix system.txt   # every prompt starts with this text (prefix cache)
 
 N concurrent clients each send up to --requests generations (bounded in
 total time by --duration). For each request we record time to first
@@ -19,6 +20,7 @@ import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from urllib.parse import urlparse
 
 PROMPTS = [
@@ -47,12 +49,13 @@ def _percentiles(xs: list[float]) -> dict:
     return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}
 
 
-def one_request(client, cid: int, args, rng: random.Random, disconnect: bool) -> Result:
+def one_request(client, cid: int, args, rng: random.Random, disconnect: bool, prefix: str = "") -> Result:
     t0 = time.perf_counter()
     ttft, tokens, last = None, 0, None
-    job = client.submit(prompt=rng.choice(PROMPTS), temperature=args.temperature, top_k=0, top_p=1.0, min_p=0.0,
-                        max_new_tokens=args.max_new_tokens, seed=rng.randrange(10**6), tree="auto",
-                        acceptance="lossless", speculative=True, api_name="/generate")
+    tree = {} if args.tree is None else {"tree": args.tree}  # omitted: the app's default (the trained tree)
+    job = client.submit(prompt=prefix + rng.choice(PROMPTS), temperature=args.temperature, top_k=0, top_p=1.0,
+                        min_p=0.0, max_new_tokens=args.max_new_tokens, seed=rng.randrange(10**6), acceptance="lossless",
+                        speculative=True, api_name="/generate", **tree)
     try:
         for update in job:
             record = update[-1] if isinstance(update, (list, tuple)) else None
@@ -61,13 +64,18 @@ def one_request(client, cid: int, args, rng: random.Random, disconnect: bool) ->
                 ttft = time.perf_counter() - t0
             tokens, last = max(tokens, n), record
             if disconnect and tokens >= max(2, args.max_new_tokens // 4):
-                job.cancel()  # drop the stream midway, like a closed browser tab
+                job.cancel()  # drop the stream midway: the server closes the generator, as for a closed tab
                 return Result(cid, "cancelled", ttft, None, time.perf_counter() - t0, tokens)
     except Exception as e:  # a failed request is data here, not a crash of the load test
         return Result(cid, "failed", ttft, None, time.perf_counter() - t0, tokens, repr(e)[:200])
     e2e = time.perf_counter() - t0
     if last is None or tokens == 0:
-        return Result(cid, "failed", ttft, None, e2e, tokens, "no tokens streamed")
+        try:  # an upstream error ends the iteration quietly; the job keeps it
+            job.result()
+            error = "no tokens streamed"
+        except Exception as e:  # noqa: BLE001 (reported, not raised)
+            error = repr(e)[:200]
+        return Result(cid, "failed", ttft, None, e2e, tokens, error)
     tpot = (e2e - ttft) / (tokens - 1) if tokens > 1 and ttft is not None else None
     return Result(cid, "ok", ttft, tpot, e2e, tokens)
 
@@ -78,6 +86,7 @@ def run(args) -> dict:
     host = urlparse(args.url).hostname
     if host not in ("127.0.0.1", "localhost", "::1"):
         raise SystemExit(f"loadtest only targets loopback, got {args.url}")
+    prefix = Path(args.shared_prefix).read_text() if args.shared_prefix else ""
     results: list[Result] = []
     lock = threading.Lock()
     deadline = time.perf_counter() + args.duration
@@ -88,7 +97,7 @@ def run(args) -> dict:
         for i in range(args.requests):
             if time.perf_counter() > deadline:
                 break
-            r = one_request(client, cid, args, rng, disconnect=cid < args.disconnect and i == 0)
+            r = one_request(client, cid, args, rng, disconnect=cid < args.disconnect and i == 0, prefix=prefix)
             with lock:
                 results.append(r)
 
@@ -135,7 +144,7 @@ def markdown(rep: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="http://127.0.0.1:7860/")
     ap.add_argument("--clients", type=int, default=8)
@@ -143,12 +152,19 @@ def main(argv=None) -> int:
     ap.add_argument("--duration", type=float, default=300.0, help="stop sending new requests after this many seconds")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--tree", default=None, help="draft tree name (default: the app's default tree)")
     ap.add_argument("--disconnect", type=int, default=0, help="this many clients drop their first stream midway")
+    ap.add_argument("--shared-prefix", default=None, help="a text file put before every prompt")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write the full report here")
     args = ap.parse_args(argv)
     if args.clients < 1 or args.requests < 1:
         ap.error("--clients and --requests must be >= 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     rep = run(args)
     print(markdown(rep))
     if args.json:

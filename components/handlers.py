@@ -17,10 +17,12 @@ import torch
 
 from specdec import Loaded, RoundEvent
 from specdec.api import encode
+from specdec.metrics import Metrics
 from specdec.sampler import filter_stages
 from specdec.verifier import LOSSY_RULES
 
 from . import plots
+from .serving import RequestMetrics, arrival_time
 from .session import Run, Session, Settings
 from .stats import stats_markdown, summarize
 from .tokens import render_round, render_tokens
@@ -70,8 +72,10 @@ class Handlers:
 
     def __init__(self, loaded: Loaded, max_prompt_tokens: int = 512, figure_interval: float = 1.0,
                  text_interval: float = 0.1, chart_interval: float | None = None,
-                 on_round: Iterable[Callable[[RoundEvent], None]] = (), sampler_top: int = 20) -> None:
+                 on_round: Iterable[Callable[[RoundEvent], None]] = (), sampler_top: int = 20,
+                 metrics: Metrics | None = None) -> None:
         self.loaded = loaded
+        self.metrics = metrics  # the app's Prometheus metrics (Generate requests only), or None
         self.engine = loaded.engine
         ctx = self.engine.target.max_length
         self.max_prompt_tokens = min(max_prompt_tokens, ctx - 2) if ctx else max_prompt_tokens
@@ -126,14 +130,9 @@ class Handlers:
     def next_logits(self, ids: list[int]) -> torch.Tensor:
         """The target's next-token logits after `ids`: one small forward, under the shared lock. -> [V]"""
         ctx = self.engine.target.max_length
-        ids = ids[-(ctx - 1):] if ctx else ids
-        x = torch.tensor([ids], dtype=torch.long, device=self.loaded.device)  # [1, T]
-        with self.sampler_lock, torch.inference_mode():
-            try:
-                out = self.loaded.model(input_ids=x, use_cache=False, logits_to_keep=1)
-            except TypeError:  # a model without `logits_to_keep`
-                out = self.loaded.model(input_ids=x, use_cache=False)
-        return out.logits[0, -1].float().cpu()
+        ids = ids[-(ctx - 1):] if ctx else ids  # the sampler view only needs the most recent context
+        with self.sampler_lock:
+            return self.engine.next_logits(ids)
 
     def _sampler_figure(self, session: Session, ids: list[int], settings: Settings, note: str):
         key = tuple(ids)
@@ -154,41 +153,45 @@ class Handlers:
 
     # -- Generate --------------------------------------------------------------
     def generate(self, prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree, acceptance,
-                 speculative, session: Session):
+                 speculative, session: Session, request: gr.Request | None = None):
         """Stream one generation: an update per round, the tree at most every `figure_interval` s.
 
         Rounds faster than `text_interval` (a GPU does hundreds per second) are batched into one
         update: each yield costs Gradio a diff and a message, and the engine only runs while we
         are not suspended at a yield, so yielding per round would pace decoding by the UI.
+        `request` is injected by Gradio; its arrival time starts the request's latency metrics.
         """
-        settings, ids = self._validate(prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree,
-                                       acceptance, speculative)
-        run = session.start_run(prompt, ids, settings)
-        try:
-            stream = self.engine.stream(ids, settings.max_new_tokens, session.live_params, settings.tree,
-                                        settings.speculative, settings.acceptance,
-                                        on_round=[run.record, *self.on_round], should_stop=session.should_stop(run))
-        except ValueError as e:
-            session.finish(run)
-            raise gr.Error(str(e), title="Invalid input", print_exception=False) from None
-        tree_due, charts_due = Throttle(self.figure_interval), Throttle(self.chart_interval)
-        text_due = Throttle(self.text_interval)
-        text_html, prev, ev = prompt_html(prompt), None, None
-        try:
-            for ev in stream:  # `run.record` has already stored it
-                text_html += render_round(ev, prev)
-                prev = ev.params
-                if text_due():
-                    yield self._updates(run, ev, text_html, tree_due(), charts_due(), sampler=gr.skip())
-        finally:
-            stream.close()  # frees the KV cache also when Gradio closes us (Stop, disconnect)
-            session.finish(run)
-        if ev is None:
-            return
-        # The final update always carries every figure, and the sampler view at the new position.
-        note = "position after the generated text; moving a slider re-filters it"
-        sampler = self._sampler_figure(session, run.prompt_ids + run.token_ids, session.live, note)
-        yield self._updates(run, ev, text_html, True, True, sampler)
+        with RequestMetrics(self.metrics, arrival_time(request), self.engine.prefix_cache) as req:
+            settings, ids = self._validate(prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree,
+                                           acceptance, speculative)
+            run = session.start_run(prompt, ids, settings)
+            try:
+                stream = self.engine.stream(ids, settings.max_new_tokens, session.live_params, settings.tree,
+                                            settings.speculative, settings.acceptance,
+                                            on_round=[run.record, req.on_round, *self.on_round],
+                                            should_stop=session.should_stop(run))
+            except ValueError as e:
+                session.finish(run)
+                raise gr.Error(str(e), title="Invalid input", print_exception=False) from None
+            tree_due, charts_due = Throttle(self.figure_interval), Throttle(self.chart_interval)
+            text_due = Throttle(self.text_interval)
+            text_html, prev, ev = prompt_html(prompt), None, None
+            try:
+                for ev in stream:  # `run.record` has already stored it
+                    text_html += render_round(ev, prev)
+                    prev = ev.params
+                    if text_due():
+                        yield self._updates(run, ev, text_html, tree_due(), charts_due(), sampler=gr.skip())
+            finally:
+                stream.close()  # frees the KV cache also when Gradio closes us (Stop, disconnect)
+                session.finish(run)
+            if ev is None:
+                return
+            req.cancelled = run.stopped and ev.finished is None  # Stop (or a newer run) ended it early
+            # The final update always carries every figure, and the sampler view at the new position.
+            note = "position after the generated text; moving a slider re-filters it"
+            sampler = self._sampler_figure(session, run.prompt_ids + run.token_ids, session.live, note)
+            yield self._updates(run, ev, text_html, True, True, sampler)
 
     def _updates(self, run: Run, ev: RoundEvent, text_html: str, tree: bool, charts: bool, sampler) -> tuple:
         stopped = run.stopped and ev.finished is None
