@@ -39,14 +39,13 @@ import re
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 import specdec
 from specdec.api import DEFAULT_MODEL, resolve_dtype
-from specdec.draft_tree import PRESETS
 from specdec.heads import HeadsConfig, MedusaHeads
 
 # Held-out Python prompts: hand-written, not taken from the training corpus
@@ -125,24 +124,27 @@ class BenchConfig:
 
 RANDOM_SHAPES = {
     # Qwen2-0.5B's shape (random weights): 24 layers, 14 heads, 2 KV heads.
+    # A weight std above HF's 0.02 gives peaked logits, so that bf16 rounding rarely flips an argmax.
     "qwen2-0.5b": ("qwen2", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                                  num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
                                  max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
-                                 tie_word_embeddings=True)),
-    # A few-MB model for tests and dry runs of the GPU script.
+                                 tie_word_embeddings=True, use_sliding_window=False, initializer_range=0.05)),
+    # A few-MB model for tests and dry runs of the GPU script; its vocabulary is the embedded tokenizer's.
     "tiny": ("llama", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, vocab_size=8192, max_position_embeddings=1024,
-                           tie_word_embeddings=True)),
+                           num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True)),
 }
 
 
-def random_model(shape: str, device: str, dtype: torch.dtype, seed: int = 0):
+def random_model(shape: str, device: str, dtype: torch.dtype, seed: int = 0, vocab_size: int | None = None):
     """A random-weight causal LM built from a config (no download)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if shape not in RANDOM_SHAPES:
         raise ValueError(f"unknown random model shape {shape!r}; choose one of {sorted(RANDOM_SHAPES)}")
     kind, kw = RANDOM_SHAPES[shape]
+    kw = {"vocab_size": vocab_size, **kw}
+    if kw["vocab_size"] is None:
+        raise ValueError(f"random model shape {shape!r} needs a vocab_size")
     config = AutoConfig.for_model(kind, bos_token_id=0, eos_token_id=0, pad_token_id=0, **kw)
     torch.manual_seed(seed)
     with torch.device(device):
@@ -217,8 +219,8 @@ def load_target(cfg: BenchConfig) -> tuple[specdec.Loaded, OracleHeads | None]:
     if model is not None and model.startswith("random:"):
         from transformers import AutoTokenizer
 
-        model = random_model(model.split(":", 1)[1], cfg.device, dtype, cfg.seed)
         tokenizer = AutoTokenizer.from_pretrained(str(DEFAULT_MODEL))
+        model = random_model(model.split(":", 1)[1], cfg.device, dtype, cfg.seed, vocab_size=len(tokenizer))
         if len(tokenizer) != model.config.vocab_size:
             tokenizer = None  # prompts are still encoded with it, but it cannot decode this vocabulary
     heads = cfg.heads
@@ -235,6 +237,10 @@ def load_target(cfg: BenchConfig) -> tuple[specdec.Loaded, OracleHeads | None]:
 
 
 def select_methods(cfg: BenchConfig, loaded: specdec.Loaded, oracle) -> list[Method]:
+    if cfg.methods is not None:
+        unknown = set(cfg.methods) - {m.id for m in ALL_METHODS}
+        if unknown:
+            raise ValueError(f"unknown method(s) {sorted(unknown)}; choose from {[m.id for m in ALL_METHODS]}")
     out = []
     for m in ALL_METHODS:
         if cfg.methods is not None and m.id not in cfg.methods:
@@ -246,10 +252,6 @@ def select_methods(cfg: BenchConfig, loaded: specdec.Loaded, oracle) -> list[Met
         if oracle is not None and m.backend == "engine" and m.sampling:
             continue  # the oracle knows the greedy continuation only
         out.append(m)
-    if cfg.methods is not None:
-        unknown = set(cfg.methods) - {m.id for m in ALL_METHODS}
-        if unknown:
-            raise ValueError(f"unknown method(s) {sorted(unknown)}; choose from {[m.id for m in ALL_METHODS]}")
     if not any(m.id == "hf_greedy" for m in out):
         out.insert(0, ALL_METHODS[0])  # every speedup is relative to it
     return out
@@ -305,13 +307,13 @@ def run_hf(loaded: specdec.Loaded, ids: list[int], m: Method, cfg: BenchConfig, 
     if m.prompt_lookup:
         gc_kw.update(prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens)
     x = torch.tensor([ids], device=dev)
+    mask, config = torch.ones_like(x), GenerationConfig(**gc_kw)
     torch.manual_seed(seed)
     _sync(dev)
     t0 = time.perf_counter()
     clock = _Clock(t0)
     with torch.inference_mode():
-        out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=GenerationConfig(**gc_kw),
-                             streamer=clock)
+        out = model.generate(x, attention_mask=mask, generation_config=config, streamer=clock)
     _sync(dev)
     seconds = time.perf_counter() - t0
     new = out[0, len(ids):].tolist()
@@ -381,6 +383,15 @@ def _proc_kb(field_name: str) -> int:
         return int(re.search(field_name + r":\s+(\d+)", f.read()).group(1))
 
 
+def _libc():
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
 def peak_memory_mb(fn, device: torch.device) -> tuple[float | None, str]:
     """Run fn once; return the peak memory above the level before it, in MiB, and how it was measured."""
     if device.type == "cuda":
@@ -390,15 +401,21 @@ def peak_memory_mb(fn, device: torch.device) -> tuple[float | None, str]:
         fn()
         torch.cuda.synchronize(device)
         return (torch.cuda.max_memory_allocated(device) - base) / 2**20, "cuda max_memory_allocated - allocated before"
+    libc = _libc()
     try:
         gc.collect()
+        if libc is not None:
+            # glibc keeps freed heap pages, so a second run would not grow the RSS at all:
+            # hand them back first, and serve large blocks with mmap so they come and go.
+            libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD (also stops its dynamic growth)
+            libc.malloc_trim(0)
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # Linux: reset the peak RSS (VmHWM) to the current RSS
         base = _proc_kb("VmRSS")
         fn()
-        return (_proc_kb("VmHWM") - base) / 1024, "peak RSS (VmHWM after reset) - RSS before"
-    except OSError:
-        return None, "unavailable (no /proc/self/clear_refs)"
+        return (_proc_kb("VmHWM") - base) / 1024, "peak RSS (VmHWM, reset, after malloc_trim) - RSS before"
+    except (OSError, AttributeError):
+        return None, "unavailable (needs Linux /proc/self/clear_refs)"
 
 
 # -- the benchmark ---------------------------------------------------------------
@@ -452,7 +469,12 @@ def benchmark(cfg: BenchConfig, loaded: specdec.Loaded | None = None, oracle: Or
 
     log(f"bench: {len(methods)} methods x {len(prompts)} prompts x {cfg.repeats} repeats, "
         f"{N} new tokens, {loaded.name} on {cfg.device}/{loaded.model.dtype}, threads={torch.get_num_threads()}")
-    for w in range(cfg.warmup):
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if loaded.device.type == "cpu" and load > 0.5:
+        log(f"  note: load average {load:.1f} before the run: other work shares this CPU, so timings are noisy"
+            + (" (with several torch threads, a busy CPU slows every op a lot: try --threads 1)"
+               if torch.get_num_threads() > 1 and load > 1.0 else ""))
+    for _ in range(cfg.warmup):
         for m in methods:
             run_method(loaded, prompts[0], m, cfg, cfg.seed, N, oracle, conts[0], 0)
     runs: dict[str, list[list[Run]]] = {m.id: [[] for _ in range(cfg.repeats)] for m in methods}
@@ -464,7 +486,7 @@ def benchmark(cfg: BenchConfig, loaded: specdec.Loaded | None = None, oracle: Or
                 seed = cfg.seed + 1000 * rep + pi
                 runs[m.id][rep].append(run_method(loaded, ids, m, cfg, seed, N, oracle, conts[pi], pi))
         log(f"  repeat {rep + 1}/{cfg.repeats}: {time.perf_counter() - t_rep:.1f}s")
-    memory = {}
+    memory = {}  # last: the CPU measurement changes malloc settings (see peak_memory_mb)
     for m in methods:
         memory[m.id] = peak_memory_mb(lambda: run_method(loaded, prompts[0], m, cfg, cfg.seed, N, oracle, conts[0], 0),
                                       loaded.device)
@@ -510,8 +532,8 @@ def summarize_method(m: Method, reps: list[list[Run]], ref: list[list[int]], tok
         "new_tokens": sum(len(r.token_ids) for r in flat),
         "mean_accepted_length": decode_tokens / decode_rounds if decode_rounds else None,
         "acceptance_per_depth": [a / n if n else None for a, n in zip(accepted, reached)],
-        "acceptance_per_depth_conditional": [accepted[d] / (accepted[d - 1] if d else reached[0]) if
-                                             (accepted[d - 1] if d else reached[0]) else None for d in range(D)],
+        # P(accept >= d | accepted >= d-1): rounds accepting >= d / rounds accepting >= d-1 (reached, at d=1)
+        "acceptance_per_depth_conditional": [a / p if p else None for a, p in zip(accepted, reached[:1] + accepted[:-1])],
         "depth_rounds": reached, "depth_accepted": accepted,
         "ms_per_token_p50": _pct(per_tok, 50), "ms_per_token_p99": _pct(per_tok, 99),
         "ttft_ms_median": statistics.median(ttft) if ttft else None,
@@ -523,6 +545,13 @@ def summarize_method(m: Method, reps: list[list[Run]], ref: list[list[int]], tok
         rounds = sum(r.rounds for r in flat)
         st = {k: sum(r.stage_ms.get(k, 0.0) for r in flat) for k in STAGES + ("total",)}
         row["stage_ms_per_round"] = {k: v / rounds for k, v in st.items()} if rounds else None
+        # The least disturbed repeat (lowest ms per round): the --profile view on a noisy machine.
+        per_rep = []
+        for rep in reps:
+            n = sum(r.rounds for r in rep)
+            if n:
+                per_rep.append({k: sum(r.stage_ms.get(k, 0.0) for r in rep) / n for k in STAGES + ("total",)})
+        row["stage_ms_per_round_best_repeat"] = min(per_rep, key=lambda d: d["total"]) if per_rep else None
         row["non_forward_pct"] = 100 * (st["total"] - st["forward"]) / st["total"] if st["total"] else None
         row["outside_round_ms_per_call"] = 1e3 * sum(r.seconds for r in flat) / len(flat) - (
             st["total"] + sum(r.marks[0][0] * 1e3 for r in flat)) / len(flat)
@@ -567,10 +596,14 @@ def machine_meta(cfg: BenchConfig, loaded, oracle, memory, n_prompts: int, elaps
         "device": str(dev), "dtype": str(loaded.model.dtype).replace("torch.", ""),
         "heads": cfg.heads or ("shipped" if loaded.heads is not None else None),
         "oracle_accuracy": oracle.accuracy if oracle is not None else None,
+        # every tree then accepts like a chain: tau = sum of accuracy**d, d = 0..K (before the length cap)
+        "oracle_expected_tau": (sum(oracle.accuracy ** d for d in range(oracle.config.num_heads + 1))
+                                if oracle is not None else None),
         "trained_tree_nodes": len(loaded.tree_paths) + 1 if loaded.tree_paths else None,
         "prompts": n_prompts, "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats, "warmup": cfg.warmup,
         "sampling": {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0},
         "prompt_lookup_num_tokens": cfg.prompt_lookup_num_tokens, "stop_at_eos": cfg.stop_at_eos,
+        "load_average_after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "memory_method": next(iter(memory.values()))[1] if memory else None,
     }
 
@@ -668,8 +701,13 @@ def figures(result: dict) -> list:
 
 
 def html_report(result: dict, markdown: str) -> str:
+    """A self-contained page (plotly.js inlined, so it opens offline); the table alone without plotly."""
     meta = result["meta"]
-    parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures(result))]
+    try:
+        parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures(result))]
+    except ImportError:
+        parts = ["<p>plotly is not installed here: rebuild this page with "
+                 "<code>python bench.py --report-from results.json</code>.</p>"]
     table = "<pre>" + markdown.replace("&", "&amp;").replace("<", "&lt;") + "</pre>"
     return ("<!doctype html><html><head><meta charset='utf-8'><title>specdec benchmark</title>"
             "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}pre{font-size:12px}</style></head><body>"
@@ -691,57 +729,61 @@ def write_reports(result: dict, out_dir: str | Path) -> dict[str, Path]:
 # -- profile mode ----------------------------------------------------------------
 
 def profile(cfg: BenchConfig, log=print) -> dict:
-    """Round-loop breakdown per tree from event timings, then cProfile of the default tree."""
+    """Round-loop breakdown per tree from the events' timings, then a cProfile of the default tree."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     loaded, oracle = load_target(cfg)
     if loaded.heads is None:
         raise ValueError("--profile needs draft heads")
     trees = [t for t in ("chain", "small", "default", "trained") if t != "trained" or loaded.tree_paths]
-    methods = [Method(f"{t}_greedy", t, "engine", False, t) for t in trees] + [
-        Method("plain_greedy", "plain", "engine", False)]
-    cfg = replace(cfg, methods=tuple(m.id for m in methods), warmup=1, heads=cfg.heads)
+    cfg = replace(cfg, methods=("plain_greedy",) + tuple(f"{t}_greedy" for t in trees), repeats=max(cfg.repeats, 3))
     res = benchmark(cfg, loaded, oracle, log=log)
-    log("\nround-loop breakdown, greedy (ms per decoding round; % of round time):")
-    log(f"{'stage':<9}" + "".join(f"{r['id']:>22}" for r in res["methods"] if r["backend"] == "engine"))
     rows = [r for r in res["methods"] if r["backend"] == "engine"]
+    log("\nround-loop breakdown, greedy: ms per decoding round (% of round), least disturbed repeat")
+    log(f"{'stage':<8}" + "".join(f"{r['id']:>20}" for r in rows))
     for s in STAGES + ("total",):
-        cells = []
-        for r in rows:
-            st = r["stage_ms_per_round"]
-            cells.append(f"{st[s]:8.2f} ms {100 * st[s] / st['total']:5.1f}%    ")
-        log(f"{s:<9}" + "".join(f"{c:>22}" for c in cells))
-    log(f"{'non-fwd':<9}" + "".join(f"{r['non_forward_pct']:>20.1f}% " for r in rows))
-    log(f"{'outside':<9}" + "".join(f"{r['outside_round_ms_per_call']:>16.2f} ms/call" for r in rows)
-        + "   (generator, callbacks, API; per generate call)")
-    log("stages: draft = heads + top-k fill; forward = target forward incl. 4D mask build; verify = lm_head rows +"
-        " acceptance; cache = KV gather; event = detok + finish; other = tree-node list (untimed by the engine)")
+        cells = [f"{r['stage_ms_per_round_best_repeat'][s]:.2f} ({100 * r['stage_ms_per_round_best_repeat'][s] / r['stage_ms_per_round_best_repeat']['total']:.0f}%)"
+                 for r in rows]
+        log(f"{s:<8}" + "".join(f"{c:>20}" for c in cells))
+    best = [r["stage_ms_per_round_best_repeat"] for r in rows]
+    log(f"{'non-fwd':<8}" + "".join(f"{100 * (b['total'] - b['forward']) / b['total']:>19.1f}%" for b in best)
+        + "   (target: < 15%)")
+    log(f"{'all reps':<8}" + "".join(f"{r['non_forward_pct']:>19.1f}%" for r in rows) + "   (non-fwd, every repeat)")
+    log(f"{'outside':<8}" + "".join(f"{r['outside_round_ms_per_call']:>17.2f} ms" for r in rows)
+        + "   per call: generator, callbacks, API")
+    log("draft = heads + top-k fill | forward = target forward incl. the 4D mask | verify = lm_head rows + "
+        "acceptance | cache = KV gather | event = detok + EOS/length cut | other = tree-node list "
+        "(between the engine's clocks)")
 
-    # cProfile: where the default tree's round time goes, function by function.
+    # cProfile: the same loop, function by function.
+    m = next(m for m in ALL_METHODS if m.id == "default_greedy")
+    tok = loaded.tokenizer
+    ids = tok(cfg.prompts[0], add_special_tokens=False)["input_ids"] if tok is not None else [1, 2, 3, 4]
+    run_engine(loaded, ids, m, cfg, cfg.seed, cfg.max_new_tokens, oracle)
     prof = cProfile.Profile()
-    m = next(m for m in methods if m.tree == "default")
-    ids = loaded.tokenizer(cfg.prompts[0], add_special_tokens=False)["input_ids"] if loaded.tokenizer else [1, 2, 3]
     prof.enable()
-    for _ in range(3):
-        run_engine(loaded, ids, m, cfg, cfg.seed, cfg.max_new_tokens, oracle)
+    runs = [run_engine(loaded, ids, m, cfg, cfg.seed, cfg.max_new_tokens, oracle) for _ in range(3)]
     prof.disable()
     st = pstats.Stats(prof)
-    total = st.total_tt
-    log(f"\ncProfile, default tree, 3 x {cfg.max_new_tokens} tokens ({total:.2f}s under the profiler):")
-    entries = []
-    for (file, line, fn), (cc, nc, tt, ct, _) in st.stats.items():
-        entries.append((ct, tt, nc, f"{Path(file).name}:{line}({fn})"))
-    interesting = ("specdec", "masking_utils", "cache_utils", "linear", "scaled_dot_product", "softmax", "topk",
-                   "_nodes", "push", "logits", "forward")
-    log(f"{'cum s':>7} {'own s':>7} {'calls':>7}  function")
-    for ct, tt, nc, name in sorted(entries, reverse=True)[:40]:
-        if any(k in name for k in interesting):
-            log(f"{ct:7.3f} {tt:7.3f} {nc:7d}  {name}")
-    mask = [(ct, nc) for ct, tt, nc, name in entries if "create_causal_mask" in name]
-    fwd = [(ct, nc) for ct, tt, nc, name in entries if name.startswith("target.py") and "(forward)" in name]
-    if mask and fwd:
-        log(f"HF create_causal_mask with our 4D mask: {1e6 * mask[0][0] / mask[0][1]:.0f} us/call = "
-            f"{100 * mask[0][0] / fwd[0][0]:.1f}% of target forward time")
+    rounds = sum(r.rounds + 1 for r in runs)
+    log(f"\ncProfile, default tree, 3 x {cfg.max_new_tokens} tokens, {rounds} target forwards "
+        f"({st.total_tt:.2f}s under the profiler, which inflates Python-heavy code):")
+    entries = [(ct, tt, nc, f"{Path(f).parent.name}/{Path(f).name}:{ln}({fn})") for (f, ln, fn), (_, nc, tt, ct, _)
+               in st.stats.items()]
+    keep = ("specdec/", "masking_utils", "cache_utils", "_nn.linear", "scaled_dot_product", "modeling_llama.py",
+            "modeling_qwen2.py", "softmax", "topk", "argmax")
+    log(f"{'cum ms/fwd':>11} {'own ms/fwd':>11} {'calls':>7}  function")
+    for ct, tt, nc, name in sorted(entries, reverse=True)[:60]:
+        if any(k in name for k in keep):
+            log(f"{1e3 * ct / rounds:11.3f} {1e3 * tt / rounds:11.3f} {nc:7d}  {name}")
+    mask = sum(ct for ct, tt, nc, name in entries if "create_causal_mask" in name)
+    fwd = sum(ct for ct, tt, nc, name in entries if name.startswith("specdec/target.py") and "(forward)" in name)
+    lin = sum(tt for ct, tt, nc, name in entries if "_nn.linear" in name)
+    if fwd:
+        log(f"HF create_causal_mask, given our 4D mask: {1e3 * mask / rounds:.3f} ms per forward "
+            f"({100 * mask / fwd:.1f}% of target forward); torch linear kernels: {100 * lin / fwd:.0f}% of it")
+    res["profile"] = {"breakdown_best_repeat": {r["id"]: r["stage_ms_per_round_best_repeat"] for r in rows},
+                      "mask_ms_per_forward": 1e3 * mask / rounds, "mask_pct_of_forward": 100 * mask / fwd if fwd else None}
     return res
 
 
@@ -781,6 +823,7 @@ def parse_args(argv=None) -> tuple[BenchConfig, argparse.Namespace]:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench_out", help="output folder (default: bench_out/)")
+    ap.add_argument("--report-from", default=None, help="rebuild the Markdown and HTML of a results.json, run nothing")
     a = ap.parse_args(argv)
     prompts = read_prompts(a.prompts) if a.prompts else list(DEFAULT_PROMPTS)
     n_prompts = a.num_prompts or (4 if a.quick else len(prompts))
@@ -797,7 +840,10 @@ def parse_args(argv=None) -> tuple[BenchConfig, argparse.Namespace]:
 def main(argv=None) -> None:
     cfg, a = parse_args(argv)
     t0 = time.perf_counter()
-    result = profile(cfg) if a.profile else benchmark(cfg)
+    if a.report_from:
+        result = json.loads(Path(a.report_from).read_text())
+    else:
+        result = profile(cfg) if a.profile else benchmark(cfg)
     paths = write_reports(result, a.out)
     print()
     print(markdown_table(result))

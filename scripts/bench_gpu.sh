@@ -16,9 +16,9 @@ cd "$(dirname "$0")/.."
 DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bfloat16}
 QWEN=${QWEN:-random:qwen2-0.5b}
-PROMPTS=${PROMPTS:-6}     # embedded run; the Qwen-shaped run uses PROMPTS_QWEN
-PROMPTS_QWEN=${PROMPTS_QWEN:-4}
-TOKENS=${TOKENS:-128}
+PROMPTS=${PROMPTS:-3}     # embedded run; the Qwen-shaped run uses PROMPTS_QWEN
+PROMPTS_QWEN=${PROMPTS_QWEN:-2}
+TOKENS=${TOKENS:-96}
 REPEATS=${REPEATS:-2}
 ORACLE=${ORACLE:-0.8}
 OUT_DIR=${OUT:-bench_out/gpu}

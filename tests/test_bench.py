@@ -1,0 +1,104 @@
+"""Smoke test for bench.py: its core on a tiny random model, on the CPU, in a few seconds."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import bench  # noqa: E402
+
+METHOD_KEYS = {"id", "label", "backend", "sampling", "tree", "tree_nodes", "tok_s_median", "tok_s_runs",
+               "new_tokens", "mean_accepted_length", "acceptance_per_depth", "acceptance_per_depth_conditional",
+               "ms_per_token_p50", "ms_per_token_p99", "ttft_ms_median", "peak_mem_mb", "speedup_vs_hf_greedy",
+               "speedup_vs_plain", "efficiency"}
+
+
+def tiny_config(**kw) -> bench.BenchConfig:
+    base = dict(model="random:tiny", heads="random", device="cpu", dtype="float32",
+                prompts=bench.DEFAULT_PROMPTS[:2], max_new_tokens=12, repeats=1, warmup=0, threads=1)
+    return bench.BenchConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    return bench.load_target(tiny_config())
+
+
+@pytest.fixture(scope="module")
+def result(tiny):
+    loaded, oracle = tiny
+    methods = ("hf_greedy", "hf_sample", "hf_prompt_lookup", "plain_greedy", "chain_greedy", "default_greedy",
+               "default_sample")
+    return bench.benchmark(tiny_config(methods=methods), loaded, oracle, log=lambda *a: None)
+
+
+def test_structure(result):
+    assert set(result) == {"meta", "methods", "targets"}
+    ids = [r["id"] for r in result["methods"]]
+    assert ids == ["hf_greedy", "hf_sample", "hf_prompt_lookup", "plain_greedy", "chain_greedy", "default_greedy",
+                   "default_sample"]
+    for r in result["methods"]:
+        assert METHOD_KEYS <= set(r), METHOD_KEYS - set(r)
+        assert r["tok_s_median"] > 0 and r["new_tokens"] == 2 * 12
+        assert r["ms_per_token_p50"] <= r["ms_per_token_p99"]
+    rows = {r["id"]: r for r in result["methods"]}
+    assert rows["hf_greedy"]["speedup_vs_hf_greedy"] == pytest.approx(1.0)
+    assert rows["hf_greedy"]["mean_accepted_length"] == pytest.approx(1.0)
+    assert rows["plain_greedy"]["mean_accepted_length"] == pytest.approx(1.0)
+    spec = rows["default_greedy"]
+    assert spec["tree_nodes"] == 64 and 1.0 <= spec["mean_accepted_length"] <= 5.0
+    assert len(spec["acceptance_per_depth"]) == 4
+    assert all(0.0 <= a <= 1.0 for a in spec["acceptance_per_depth"])
+    # accepting >= d drafts gets rarer with d
+    assert spec["acceptance_per_depth"] == sorted(spec["acceptance_per_depth"], reverse=True)
+    assert set(spec["stage_ms_per_round"]) == set(bench.STAGES) | {"total"}
+    assert 0 < spec["non_forward_pct"] < 100
+    assert {t["name"] for t in result["targets"]} == {t[0] for t in bench.TARGETS}
+    json.dumps(result)  # plain values only
+
+
+def test_greedy_matches_hf(result):
+    """In fp32 on the CPU every greedy method reproduces HF greedy exactly, ids and text."""
+    for r in result["methods"]:
+        if r["sampling"]:
+            assert "greedy_check" not in r
+            continue
+        g = r["greedy_check"]
+        assert g == {"runs": 2, "tokens_equal": 2, "first_mismatch": None, "text_equal": 2}, r["id"]
+        assert r["greedy_equal"] is True
+
+
+def test_reports(result, tmp_path):
+    paths = bench.write_reports(result, tmp_path)
+    assert json.loads(paths["json"].read_text())["methods"][0]["id"] == "hf_greedy"
+    md = paths["markdown"].read_text()
+    assert "| default_greedy (64 nodes) |" in md and "target (issue 5)" in md
+    html = paths["html"].read_text()
+    assert html.count("plotly-graph-div") >= 4 and "Acceptance per depth" in html
+
+
+def test_oracle_accepts_known_fraction(tiny):
+    """An oracle with accuracy 1 makes the chain accept every draft: tau = depth + 1."""
+    loaded, _ = tiny
+    oracle = bench.OracleHeads(loaded.model, accuracy=1.0)
+    import specdec
+
+    lo = specdec.load(loaded.model, oracle, "cpu", torch.float32, tokenizer=loaded.tokenizer)
+    cfg = tiny_config(heads="oracle:1.0", methods=("hf_greedy", "chain_greedy"), max_new_tokens=21)
+    res = bench.benchmark(cfg, lo, oracle, log=lambda *a: None)
+    chain = {r["id"]: r for r in res["methods"]}["chain_greedy"]
+    assert chain["greedy_equal"]
+    assert chain["mean_accepted_length"] == pytest.approx(5.0)  # 1 + 20 tokens in 4 rounds of 5
+    assert chain["acceptance_per_depth"] == [1.0, 1.0, 1.0, 1.0]
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="unknown method"):
+        bench.select_methods(tiny_config(methods=("nope",)), None, None)
+    with pytest.raises(ValueError, match="accuracy"):
+        bench.OracleHeads(bench.random_model("tiny", "cpu", torch.float32, vocab_size=64), accuracy=1.5)
