@@ -7,6 +7,7 @@ Everything runs in float32 on the CPU, in eval mode, from fixed seeds.
 from __future__ import annotations
 
 import math
+import socket
 
 import pytest
 import torch
@@ -217,3 +218,15 @@ def byte_tokenizer() -> ByteTokenizer:
 @pytest.fixture(scope="session")
 def byte_model() -> nn.Module:
     return make_model("llama", vocab=ByteTokenizer.vocab_size, seed=1)
+
+
+# -- app tests -------------------------------------------------------------------
+APP_GREEDY = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, tree="small", acceptance="lossless",
+                  speculative=True)  # /generate inputs for a deterministic run
+
+
+def free_port() -> int:
+    """A free loopback port for a test server."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

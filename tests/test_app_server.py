@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import types
 import threading
@@ -14,18 +13,12 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import specdec
+from conftest import APP_GREEDY, free_port
 import app
 from app import build_demo, launch_kwargs
 
-GREEDY = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, tree="small", acceptance="lossless",
-              speculative=True)
+GREEDY = APP_GREEDY
 SEEN: list[specdec.RoundEvent] = []  # every round of every Generate run, via the on_round hook
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

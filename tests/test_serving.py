@@ -13,20 +13,14 @@ from prometheus_client.parser import text_string_to_metric_families
 import app
 import loadtest
 import specdec
+from conftest import APP_GREEDY, free_port
 from app import build_demo, launch_kwargs
 from components.serving import RequestMetrics
 from specdec.metrics import Metrics
 from specdec.prefix_cache import PrefixCache
 
-GREEDY = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, tree="small", acceptance="lossless",
-              speculative=True)
+GREEDY = APP_GREEDY
 PROMPT = "import os\n\ndef list_files(path):\n    "  # >= 8 tokens: long enough to enter the prefix cache
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
