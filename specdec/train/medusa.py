@@ -100,7 +100,7 @@ def head_losses(heads: MedusaHeads, hidden: torch.Tensor, seq: torch.Tensor, wei
         logits = heads.project(k, h).float()  # [B, T-shift, V]
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), seq[:, shift:].reshape(-1))
         total = total + (weight_decay_base ** k) * loss
-        parts.append(float(loss))
+        parts.append(float(loss.detach()))
     return total, parts
 
 

@@ -1,0 +1,96 @@
+"""Training entry points: heads for any HF model path, and clear errors for bad input."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+import specdec
+from specdec.heads import load_heads
+from specdec.train.__main__ import main as train_main
+from specdec.train.corpus import iter_source_files, split_of
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny random Llama with the embedded tokenizer, saved like any HF checkpoint."""
+    d = tmp_path_factory.mktemp("tiny")
+    tok = AutoTokenizer.from_pretrained(ROOT / "assets" / "model")
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+                      eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+def test_heads_command_trains_for_a_model_path(tiny_model_dir, tmp_path):
+    out = tmp_path / "heads-out"
+    rc = train_main(["heads", "--model", str(tiny_model_dir), "--out", str(out), "--device", "cpu",
+                     "--num-seqs", "8", "--valid-seqs", "4", "--prompt-len", "16", "--gen-len", "12",
+                     "--gen-batch", "8", "--batch-size", "4", "--max-steps", "3", "--num-heads", "3"])
+    assert rc == 0
+    metrics = json.loads((out / "heads_metrics.json").read_text())
+    v = metrics["variants"]["heads"]
+    assert metrics["steps"] == 3 and len(v["top1"]) == 3 and all(0 <= a <= 1 for a in v["top5"])
+    assert (out / "train.log").is_file()
+    model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
+    heads, tree = load_heads(out / "heads", model)
+    assert heads.config.num_heads == 3 and tree is not None
+    loaded = specdec.load(str(tiny_model_dir), heads=str(out / "heads"))
+    res = specdec.generate(loaded, prompt="def f(x):", max_new_tokens=8)
+    assert res.stats["new_tokens"] == 8
+
+
+def test_heads_command_rejects_a_missing_model_path(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        train_main(["heads", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+    assert e.value.code == 2
+
+
+def test_cli_errors_are_messages_not_tracebacks(tmp_path):
+    cases = [
+        (["--model", str(tmp_path / "missing-model"), "--prompt", "x"], "`model` path"),
+        (["--heads", str(tmp_path / "missing-heads"), "--prompt", "x"], "`heads` path"),
+        (["--prompt", "def f():", "--tree", "bogus"], "unknown tree preset"),
+        (["--prompt", "def f():", "--top-p", "1.5"], "`top_p` must be in (0, 1]"),
+        (["--prompt", ""], "`prompt` is empty"),
+    ]
+    for args, message in cases:
+        r = subprocess.run([sys.executable, "-m", "specdec", "generate", *args], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 2, (args, r.stderr)
+        assert message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_heads_for_another_model_are_refused(tmp_path):
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2))
+    with pytest.raises(ValueError, match="trained for hidden_size"):
+        specdec.load(model, heads=str(ROOT / "assets" / "heads"))
+
+
+def test_embedded_default_loads_offline_and_writes_python():
+    loaded = specdec.load()
+    assert loaded.name == "embedded" and loaded.heads is not None and loaded.tree_paths
+    res = specdec.generate(loaded, "def fibonacci(n):", max_new_tokens=32)
+    plain = specdec.generate(loaded, "def fibonacci(n):", max_new_tokens=32, speculative=False)
+    assert res.token_ids == plain.token_ids
+    assert res.stats["mean_accepted_length"] > 1.5  # trained heads accept; random heads would not
+
+
+def test_corpus_split_is_stable_and_by_file():
+    assert split_of("json/decoder.py") == split_of("json/decoder.py")
+    files = []
+    for f in iter_source_files():
+        files.append(f)
+        if len(files) >= 400:
+            break
+    splits = {f.split for f in files}
+    assert splits <= {"train", "valid"} and "train" in splits
