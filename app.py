@@ -190,6 +190,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="memory budget of the prefix KV cache (LRU), in MiB (default: 256)")
     p.add_argument("--no-prefix-cache", action="store_true", help="prefill every prompt from scratch")
     args = p.parse_args(argv)
+    if args.max_prompt_tokens < 1:
+        p.error(f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
+    if args.queue_size < 1:
+        p.error(f"--queue-size must be >= 1, got {args.queue_size}")
     if args.prefix_cache_mb <= 0:
         p.error(f"--prefix-cache-mb must be > 0, got {args.prefix_cache_mb} (use --no-prefix-cache to switch it off)")
     return args

@@ -196,6 +196,8 @@ class Engine:
                 raw = [(tok, "baseline" if not speculative else "bonus", None, prob)]
                 nodes, path, rule = (), (0,), "plain" if not speculative else self._rule(acceptance, params)
                 timings.update(draft=0.0, forward=(t1 - t0) * 1e3, verify=(t2 - t1) * 1e3, cache=0.0)
+                h_last = hidden[-1]
+                t5 = t2
             else:
                 rule = self._rule(acceptance, params)
                 with torch.inference_mode():
@@ -211,7 +213,7 @@ class Engine:
                 kv_cache.keep_path(cache, cache_len, list(verdict.accepted))
                 cache_len += len(verdict.accepted)
                 h_last = hidden[verdict.accepted[-1]]
-                t4 = time.perf_counter()
+                t4 = t5 = time.perf_counter()  # building the node list below counts as event time
                 q_list = q.tolist()
                 raw = [(tok_list[n], "accepted", q_list[n], verdict.target_prob.get(n)) for n in verdict.accepted[1:]]
                 raw.append((verdict.next_token, verdict.next_kind, None, verdict.next_prob))
@@ -219,9 +221,6 @@ class Engine:
                 path = verdict.accepted
                 timings.update(draft=(t1 - t0) * 1e3, forward=(t2 - t1) * 1e3, verify=(t3 - t2) * 1e3,
                                cache=(t4 - t3) * 1e3)
-            if tree is None:
-                h_last = hidden[-1]
-            t5 = time.perf_counter()
             produced, finished = self._finish(raw, produced, max_new_tokens, eos, cache_len, limit)
             emitted = self._emit(raw, detok, finished)
             pending = emitted[-1].token_id

@@ -79,7 +79,10 @@ class MedusaHeads(nn.Module):
         return head(x)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.stack([self.project(k, blk(hidden)) for k, blk in enumerate(self.blocks)])
+        x = torch.stack([blk(hidden) for blk in self.blocks])  # [K, ..., H]
+        if self.config.shared_lm_head:
+            return self._shared[0](x)  # one pass over the shared vocabulary matrix, not K
+        return torch.stack([head(x[k]) for k, head in enumerate(self.lm_heads)])
 
     # -- persistence -------------------------------------------------------
     def save(self, directory: str | Path, tree_paths: list[tuple[int, ...]] | None = None,

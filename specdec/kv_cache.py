@@ -44,11 +44,13 @@ def keep_path(cache: DynamicCache, prefix_len: int, nodes: list[int]) -> None:
     """
     n = len(nodes)
     contiguous = nodes == list(range(n))
+    idx = None
     for layer in _layers(cache):
         if layer.keys is None or layer.keys.numel() == 0:
             continue
         if not contiguous:
-            idx = torch.tensor(nodes, device=layer.keys.device) + prefix_len
+            if idx is None:  # built once, not once per layer
+                idx = torch.tensor(nodes, device=layer.keys.device) + prefix_len
             # advanced indexing copies first, so overlapping source/target slots are safe
             layer.keys[..., prefix_len : prefix_len + n, :] = layer.keys[..., idx, :]
             layer.values[..., prefix_len : prefix_len + n, :] = layer.values[..., idx, :]

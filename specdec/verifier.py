@@ -76,16 +76,15 @@ def verify(tokens: list[int], tree: Tree, logits_at: Callable[[int], torch.Tenso
         kids = tree.children[node]
         if rule == "greedy":
             tok = int(row.argmax().item())
-            p = torch.softmax(row.float(), -1) if kids else None
-            chosen = None
-            for c in kids:
-                target_prob[c] = float(p[tokens[c]])
-                if chosen is None and tokens[c] == tok:
-                    chosen = c
+            p = torch.softmax(row.float(), -1)  # [V], for the probabilities shown in events only
+            if kids:  # one gather and one sync for every child, not one per child
+                for c, pc in zip(kids, p[[tokens[c] for c in kids]].tolist()):
+                    target_prob[c] = pc
+            chosen = next((c for c in kids if tokens[c] == tok), None)
             rejected.extend(c for c in kids if c != chosen)  # compared with the argmax and lost
             if chosen is None:
-                prob = float(torch.softmax(row.float(), -1)[tok]) if p is None else float(p[tok])
-                return Verdict(tuple(accepted), tok, "correction" if kids else "bonus", prob, target_prob, tuple(rejected))
+                return Verdict(tuple(accepted), tok, "correction" if kids else "bonus", float(p[tok]), target_prob,
+                               tuple(rejected))
         else:
             p = target_probs(row, params)  # [V] float32, the filtered target law
             chosen, r = None, p

@@ -192,3 +192,10 @@ def test_prefix_cache_is_on_by_default_and_can_be_switched_off():
     assert app.prefix_cache(app.parse_args(["--no-prefix-cache"])) is None
     with pytest.raises(SystemExit):
         app.parse_args(["--prefix-cache-mb", "0"])
+
+
+@pytest.mark.parametrize("flag", ["--max-prompt-tokens", "--queue-size"])
+def test_size_flags_reject_non_positive_values(flag, capsys):
+    with pytest.raises(SystemExit):
+        app.parse_args([flag, "0"])
+    assert f"{flag} must be >= 1" in capsys.readouterr().err
