@@ -7,8 +7,11 @@ order) so that machine noise hits all methods alike. Methods:
   hf_greedy, hf_sample            HF `model.generate`, greedy and sampling
   hf_prompt_lookup                HF assisted generation, `prompt_lookup_num_tokens`
   plain_greedy, plain_sample      our engine with speculative=False
-  {chain,small,default,trained}_greedy   our engine, one draft tree each
-  {default,trained}_sample        our engine, lossless sampling
+  {chain,small,default,trained}_greedy   our engine, heads only, one draft tree each
+  {default,trained}_sample        our engine, heads only, lossless sampling
+  lookup_greedy                   our engine, prompt lookup alone (no heads)
+  merge_greedy                    our engine, the heads' tree with the lookup chain merged in
+  hybrid_greedy, hybrid_sample    our engine's default: lookup first, else the heads' tree
 
 Figures, per method (definitions in BENCHMARKS.md):
   tok/s          new tokens / wall seconds over all prompts of one repeat; median over repeats
@@ -76,6 +79,8 @@ class Method:
     sampling: bool  # False: greedy
     tree: str | None = None  # engine tree preset; None: speculative=False
     prompt_lookup: bool = False  # HF assisted generation with the n-gram drafter
+    lookup: int = 0  # engine: prompt-lookup tokens drafted per round
+    lookup_mode: str = "first"
 
 
 ALL_METHODS = (
@@ -90,14 +95,27 @@ ALL_METHODS = (
     Method("trained_greedy", "specdec trained tree (auto) greedy", "engine", False, "trained"),
     Method("default_sample", "specdec default tree lossless sampling", "engine", True, "default"),
     Method("trained_sample", "specdec trained tree (auto) lossless sampling", "engine", True, "trained"),
+    Method("lookup_greedy", "specdec prompt lookup alone (no heads), greedy", "engine", False, "none", lookup=10),
+    Method("merge_greedy", "specdec heads' tree with the lookup chain merged in, greedy", "engine", False, "auto",
+           lookup=10, lookup_mode="merge"),
+    Method("hybrid_greedy", "specdec default: lookup first, else the heads' tree; greedy", "engine", False, "auto",
+           lookup=10),
+    Method("hybrid_sample", "specdec default: lookup first, else the heads' tree; lossless sampling", "engine", True,
+           "auto", lookup=10),
 )
 
 # Issue 5's targets: (name, numerator method, denominator method, minimum ratio).
+# The first four measure specdec's default drafting (what `specdec.generate` does with no
+# arguments); the last four the heads alone on the 64-node default tree preset.
 TARGETS = (
-    ("default tree greedy / HF greedy generate", "default_greedy", "hf_greedy", 2.0),
-    ("default tree greedy / own speculative=False", "default_greedy", "plain_greedy", 1.8),
-    ("default tree greedy / HF prompt lookup", "default_greedy", "hf_prompt_lookup", 1.3),
-    ("default tree lossless sampling / HF sampling", "default_sample", "hf_sample", 1.5),
+    ("specdec default greedy / HF greedy generate", "hybrid_greedy", "hf_greedy", 2.0),
+    ("specdec default greedy / own speculative=False", "hybrid_greedy", "plain_greedy", 1.8),
+    ("specdec default greedy / HF prompt lookup", "hybrid_greedy", "hf_prompt_lookup", 1.3),
+    ("specdec default lossless sampling / HF sampling", "hybrid_sample", "hf_sample", 1.5),
+    ("heads only, default tree greedy / HF greedy generate", "default_greedy", "hf_greedy", 2.0),
+    ("heads only, default tree greedy / own speculative=False", "default_greedy", "plain_greedy", 1.8),
+    ("heads only, default tree greedy / HF prompt lookup", "default_greedy", "hf_prompt_lookup", 1.3),
+    ("heads only, default tree lossless sampling / HF sampling", "default_sample", "hf_sample", 1.5),
 )
 
 
@@ -245,7 +263,7 @@ def select_methods(cfg: BenchConfig, loaded: specdec.Loaded, oracle) -> list[Met
     for m in ALL_METHODS:
         if cfg.methods is not None and m.id not in cfg.methods:
             continue
-        if m.tree is not None and loaded.heads is None:
+        if m.tree not in (None, "none") and loaded.heads is None:
             continue
         if m.tree == "trained" and not loaded.tree_paths:
             continue  # "auto" is then the default tree, already measured
@@ -340,7 +358,8 @@ def run_engine(loaded: specdec.Loaded, ids: list[int], m: Method, cfg: BenchConf
                            temperature=cfg.temperature if m.sampling else 0.0,
                            top_p=cfg.top_p if m.sampling else 1.0, seed=seed,
                            tree=m.tree or "auto", speculative=m.tree is not None, on_round=on_round,
-                           eos_token_id="auto" if cfg.stop_at_eos else None)
+                           eos_token_id="auto" if cfg.stop_at_eos else None, lookup=m.lookup,
+                           lookup_mode=m.lookup_mode)
     _sync(loaded.device)
     seconds = time.perf_counter() - t0
     run = Run(res.token_ids, seconds, marks, rounds=res.stats["target_forwards"] - 1)
@@ -541,6 +560,7 @@ def summarize_method(m: Method, reps: list[list[Run]], ref: list[list[int]], tok
     }
     if m.tree is not None:
         row["tree_nodes"] = loaded.engine.resolve_tree(m.tree).num_nodes
+        row["lookup"], row["lookup_mode"] = m.lookup, m.lookup_mode
     if m.backend == "engine":
         rounds = sum(r.rounds for r in flat)
         st = {k: sum(r.stage_ms.get(k, 0.0) for r in flat) for k in STAGES + ("total",)}
@@ -628,6 +648,9 @@ def markdown_table(result: dict) -> str:
     for r in result["methods"]:
         acc = " ".join(_f(a, "{:.2f}") for a in r["acceptance_per_depth"]) or "-"
         nodes = f" ({r['tree_nodes']} nodes)" if r["tree_nodes"] else ""
+        if r.get("lookup"):
+            nodes = (f" (lookup {r['lookup']})" if r["tree_nodes"] == 1
+                     else f" ({r['tree_nodes']} nodes {'+' if r['lookup_mode'] == 'merge' else 'or'} lookup {r['lookup']})")
         g = r.get("greedy_check")
         if g is None:
             check = "n/a (sampling)"

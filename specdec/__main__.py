@@ -21,6 +21,10 @@ def main(argv=None) -> int:
     g.add_argument("--min-p", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--tree", default="auto", help="auto, trained, chain, small or default")
+    g.add_argument("--lookup", type=int, default=None,
+                   help="prompt-lookup tokens drafted per round (0 = heads only; default %d)" % 10)
+    g.add_argument("--lookup-mode", default="first", choices=["first", "merge"],
+                   help="first: a round with an n-gram match drafts from lookup alone; merge: heads' tree + lookup")
     g.add_argument("--acceptance", default="auto", help="auto, greedy, lossless or typical (lossy)")
     g.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding (the baseline)")
     g.add_argument("--device", default=None)
@@ -38,7 +42,9 @@ def main(argv=None) -> int:
         res = specdec.generate(loaded, prompt=a.prompt, prompt_ids=ids, max_new_tokens=a.max_new_tokens,
                                temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
                                seed=a.seed, tree=a.tree, speculative=not a.no_speculation,
-                               acceptance=a.acceptance)
+                               acceptance=a.acceptance,
+                               lookup=specdec.api.DEFAULT_LOOKUP if a.lookup is None else a.lookup,
+                               lookup_mode=a.lookup_mode)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ import torch
 from .engine import Engine
 from .events import RoundEvent
 from .heads import MedusaHeads, load_heads, random_heads
+from .lookup import DEFAULT_LOOKUP
 from .sampler import SamplingParams
 from .target import TargetModel
 
@@ -145,13 +146,20 @@ def summarize(rounds: list[RoundEvent], seconds: float) -> dict:
 def generate(loaded: Loaded, prompt: str | None = None, prompt_ids=None, max_new_tokens: int = 64,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
              seed: int | None = None, tree="auto", speculative: bool = True, acceptance: str = "auto",
-             on_round: Callable[[RoundEvent], None] | None = None, eos_token_id="auto") -> GenerationResult:
-    """Generate from a prompt (text or ids) and return tokens, text, events and stats."""
+             on_round: Callable[[RoundEvent], None] | None = None, eos_token_id="auto",
+             lookup: int = DEFAULT_LOOKUP, lookup_ngram: int = 3, lookup_mode: str = "first") -> GenerationResult:
+    """Generate from a prompt (text or ids) and return tokens, text, events and stats.
+
+    `lookup` prompt-lookup tokens are drafted per round (0 = heads only). With
+    lookup_mode="first" a round whose context has an n-gram match drafts the
+    lookup chain alone and the heads draft the rest; "merge" merges both.
+    """
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     ids = encode(loaded, prompt, prompt_ids)
     t0 = time.perf_counter()
     rounds = list(loaded.engine.stream(ids, max_new_tokens, params, tree, speculative, acceptance,
-                                       eos_token_id, on_round))
+                                       eos_token_id, on_round, lookup=lookup, lookup_ngram=lookup_ngram,
+                                       lookup_mode=lookup_mode))
     seconds = time.perf_counter() - t0
     token_ids = [t.token_id for r in rounds for t in r.emitted]
     text = loaded.tokenizer.decode(token_ids, skip_special_tokens=True) if loaded.tokenizer is not None else ""

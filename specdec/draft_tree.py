@@ -33,17 +33,22 @@ class Tree:
     ancestor_mask: torch.Tensor  # [N, N] bool, node i may attend to node j
     depth_t: torch.Tensor  # [N] long, position offset of each node
     retrieve_indices: torch.Tensor  # [L, D+1] long, node indices of each leaf path, -1 padded
+    # Nodes grafted after the head nodes by prompt lookup (`graft_chain`): they have no rank
+    # path, so `paths` lists the head nodes only and these come after them, in chain order.
+    lookup: tuple[int, ...] = ()
 
     @property
     def num_nodes(self) -> int:
-        return len(self.paths)
+        return len(self.parent)
 
     @property
     def max_depth(self) -> int:
         return max(self.depth)
 
     def truncated(self, max_depth: int) -> "Tree":
-        """The same tree without nodes deeper than max_depth (for the context/token limit)."""
+        """The same tree without nodes deeper than max_depth (for the context/token limit).
+
+        Grafted lookup nodes are dropped: graft after truncating, as the engine does."""
         return build_tree(tuple(p for p in self.paths[1:] if len(p) <= max_depth))
 
 
@@ -80,22 +85,70 @@ def build_tree(paths: tuple[Path, ...]) -> Tree:
     for k in topk:
         offsets.append(offsets[-1] + k)
     tree_indices = torch.tensor([0] + [offsets[len(p) - 1] + p[-1] for p in body], dtype=torch.long)
-    mask = torch.zeros(N, N, dtype=torch.bool)
-    for i in range(N):
-        j = i
-        while j != -1:  # walk to the root: a node sees itself and its ancestors
-            mask[i, j] = True
-            j = parent[j]
-    leaves = [i for i in range(N) if not children[i]]
-    retrieve = torch.full((len(leaves), D + 1), -1, dtype=torch.long)
-    for row, leaf in enumerate(leaves):
-        chain, j = [], leaf
-        while j != -1:
-            chain.append(j)
-            j = parent[j]
-        retrieve[row, : len(chain)] = torch.tensor(chain[::-1])
+    mask, retrieve = _mask_and_retrieve(parent, children)
     return Tree(nodes, parent, depth, rank, children, topk, tree_indices, mask,
                 torch.tensor(depth, dtype=torch.long), retrieve)
+
+
+def _mask_and_retrieve(parent: tuple[int, ...], children) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, N] ancestor mask (a node sees itself and its ancestors) and [L, D+1] leaf paths."""
+    N = len(parent)
+    chains = []
+    for i in range(N):
+        chain, j = [], i
+        while j != -1:  # walk to the root
+            chain.append(j)
+            j = parent[j]
+        chains.append(chain[::-1])
+    mask = torch.zeros(N, N, dtype=torch.bool)
+    for i, chain in enumerate(chains):
+        mask[i, chain] = True
+    leaves = [i for i in range(N) if not children[i]]
+    D = max(len(c) for c in chains) - 1
+    retrieve = torch.full((len(leaves), D + 1), -1, dtype=torch.long)
+    for row, leaf in enumerate(leaves):
+        retrieve[row, : len(chains[leaf])] = torch.tensor(chains[leaf])
+    return mask, retrieve
+
+
+@lru_cache(maxsize=512)
+def graft_chain(paths: tuple[Path, ...], attach: int, length: int) -> Tree:
+    """`build_tree(paths)` (root excluded, as there) plus a chain of `length` lookup nodes below node `attach`.
+
+    The chain's nodes take indices N .. N+length-1 (after every head node,
+    so ancestors still precede descendants), and the chain's first node
+    becomes `attach`'s first child: it is tried before the head
+    candidates. Cached by value, so a round costs one dict lookup.
+    """
+    base = build_tree(paths)
+    N = base.num_nodes
+    if not 0 <= attach < N or length < 1:
+        raise ValueError(f"graft needs 0 <= attach < {N} and length >= 1, got attach={attach}, length={length}")
+    parent = base.parent + (attach,) + tuple(range(N, N + length - 1))
+    depth = base.depth + tuple(base.depth[attach] + k for k in range(1, length + 1))
+    rank = base.rank + (-1,) * length
+    kids = [list(c) for c in base.children] + [[N + k + 1] for k in range(length - 1)] + [[]]
+    kids[attach].insert(0, N)
+    children = tuple(tuple(c) for c in kids)
+    mask, retrieve = _mask_and_retrieve(parent, children)
+    return Tree(base.paths, parent, depth, rank, children, base.topk, base.tree_indices, mask,
+                torch.tensor(depth, dtype=torch.long), retrieve, tuple(range(N, N + length)))
+
+
+def merge_chain(tree: Tree, tokens: list[int], chain: list[int]) -> tuple[int, list[int]]:
+    """Walk `chain` down the filled tree while its tokens match existing nodes.
+
+    Returns (the deepest matching node, the chain tokens left to graft
+    below it). Merging keeps sibling tokens distinct, so greedy
+    verification never has two children with the same token.
+    """
+    node = 0
+    for i, tok in enumerate(chain):
+        nxt = next((c for c in tree.children[node] if tokens[c] == tok), None)
+        if nxt is None:
+            return node, chain[i:]
+        node = nxt
+    return node, []
 
 
 def candidates(root_token: int, head_logits: torch.Tensor, tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,7 +227,9 @@ def resolve_tree(tree: str | Tree | list | tuple, trained: tuple[Path, ...] | No
     if isinstance(tree, Tree):
         out = tree
     elif isinstance(tree, str):
-        if tree == "trained":
+        if tree == "none":  # the root alone: prompt lookup drafts everything
+            out = build_tree(())
+        elif tree == "trained":
             if trained is None:
                 raise ValueError("tree 'trained' needs heads that ship a tree.json; use one of " + ", ".join(PRESETS))
             out = build_tree(tuple(trained))
@@ -183,7 +238,7 @@ def resolve_tree(tree: str | Tree | list | tuple, trained: tuple[Path, ...] | No
         elif tree in PRESETS:
             out = build_tree(PRESETS[tree])
         else:
-            raise ValueError(f"unknown tree preset {tree!r}; choose one of: trained, " + ", ".join(PRESETS))
+            raise ValueError(f"unknown tree preset {tree!r}; choose one of: trained, none, " + ", ".join(PRESETS))
     else:
         out = build_tree(tuple(tuple(p) for p in tree))
     if out.max_depth > num_heads:

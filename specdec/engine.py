@@ -2,7 +2,10 @@
 
 Each speculative round has Medusa's four steps:
   1. draft: the heads read the hidden state of the last accepted token and
-     fill the static tree with their top-k candidates;
+     fill the static tree with their top-k candidates; with `lookup > 0`,
+     a prompt-lookup chain (the tokens that followed the last occurrence
+     of the current n-gram) replaces the heads' tree for that round
+     (lookup_mode="first") or is merged into it ("merge");
   2. tree forward: one target forward over all N nodes (4D mask + positions);
   3. verify: the acceptance rule picks the accepted path and the target's
      own next token (correction or bonus);
@@ -24,13 +27,16 @@ import torch
 
 from . import kv_cache
 from .detok import IncrementalDecoder
-from .draft_tree import Tree, candidates, resolve_tree
+from .draft_tree import Tree, build_tree, candidates, graft_chain, merge_chain, resolve_tree
 from .events import EmittedToken, RoundEvent, TreeNode
 from .heads import MedusaHeads
+from .lookup import NgramIndex
 from .sampler import SamplingParams, next_token
 from .target import TargetModel
-from .verifier import ACCEPTANCE_RULES, LOSSY_RULES, verify
+from .verifier import ACCEPTANCE_RULES, LOSSY_RULES, verify, verify_greedy
 
+LOOKUP_MODES = ("first", "merge")
+_ROOT_ONLY = build_tree(())  # a round drafted by prompt lookup alone
 ParamsSource = SamplingParams | Callable[[], SamplingParams]
 RoundCallback = Callable[[RoundEvent], None]
 
@@ -106,7 +112,8 @@ class Engine:
                tree="auto", speculative: bool = True, acceptance: str = "auto",
                eos_token_id: int | Iterable[int] | None | str = "auto",
                on_round: RoundCallback | Iterable[RoundCallback] | None = None,
-               should_stop: Callable[[], bool] | None = None) -> Iterator[RoundEvent]:
+               should_stop: Callable[[], bool] | None = None,
+               lookup: int = 0, lookup_ngram: int = 3, lookup_mode: str = "first") -> Iterator[RoundEvent]:
         """Decode up to `max_new_tokens` tokens, yielding one RoundEvent per round.
 
         Args:
@@ -117,6 +124,13 @@ class Engine:
                 "lossless" or "typical" (lossy: output no longer follows p).
             on_round: callbacks that receive every event, before it is yielded.
             should_stop: polled once per round; True ends the stream early.
+            lookup: prompt-lookup tokens grafted into each round's tree (0 = off). With no
+                heads, speculation runs on prompt lookup alone.
+            lookup_ngram: the longest suffix n-gram matched against the context.
+            lookup_mode: "first": a round whose context has a match drafts the lookup chain
+                alone, and the heads draft only the other rounds (on a CPU the heads cost about as
+                much as the forward of a short chain); "merge": every round drafts the heads' tree
+                with the lookup chain merged into it.
         """
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise ValueError(f"`max_new_tokens` must be an integer >= 1, got {max_new_tokens!r}")
@@ -126,10 +140,19 @@ class Engine:
         first = get_params()
         if not isinstance(first, SamplingParams):
             raise ValueError("`params` must be a SamplingParams or a callable returning one")
+        if not isinstance(lookup, int) or isinstance(lookup, bool) or not 0 <= lookup <= 64:
+            raise ValueError(f"`lookup` must be an integer in [0, 64] (prompt-lookup tokens; 0 = off), got {lookup!r}")
+        if not isinstance(lookup_ngram, int) or isinstance(lookup_ngram, bool) or not 1 <= lookup_ngram <= 8:
+            raise ValueError(f"`lookup_ngram` must be an integer in [1, 8], got {lookup_ngram!r}")
+        if lookup_mode not in LOOKUP_MODES:
+            raise ValueError(f"`lookup_mode` must be one of {LOOKUP_MODES}, got {lookup_mode!r}")
         ids = self.check_prompt(prompt_ids)
-        if speculative and self.heads is None:
-            raise ValueError("speculative decoding needs draft heads: load with heads=<path> or heads='random'")
-        full_tree = self.resolve_tree(tree) if speculative else None
+        if speculative and self.heads is None and not lookup:
+            raise ValueError("speculative decoding needs draft heads (load with heads=<path> or heads='random') "
+                             "or prompt lookup (lookup >= 1)")
+        full_tree = None
+        if speculative:
+            full_tree = self.resolve_tree(tree) if self.heads is not None else build_tree(())
         if eos_token_id == "auto":
             eos = self.eos_token_ids
         elif eos_token_id is None:
@@ -138,16 +161,17 @@ class Engine:
             eos = frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
         callbacks = [] if on_round is None else ([on_round] if callable(on_round) else list(on_round))
         return self._loop(ids, max_new_tokens, get_params, first, full_tree, speculative, acceptance, eos,
-                          callbacks, should_stop)
+                          callbacks, should_stop, lookup, lookup_ngram, lookup_mode)
 
     def _loop(self, ids, max_new_tokens, get_params, params, full_tree, speculative, acceptance, eos,
-              callbacks, should_stop) -> Iterator[RoundEvent]:
+              callbacks, should_stop, lookup, lookup_ngram, lookup_mode) -> Iterator[RoundEvent]:
         target, dev = self.target, self.target.device
         seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**62)
         gen = torch.Generator(device=dev).manual_seed(seed)
         detok = IncrementalDecoder(self.tokenizer)
         limit = target.max_length or 1 << 62
         produced = 0
+        ngram = NgramIndex(ids, lookup_ngram) if speculative and lookup else None
 
         # Round 0: prefill (reusing a cached prefix when there is one).
         t0 = time.perf_counter()
@@ -173,6 +197,8 @@ class Engine:
             cb(ev)
         yield ev
         pending = emitted[-1].token_id
+        if ngram is not None:
+            ngram.extend([pending])
         cache_len = len(ids)
         rnd = 0
         while finished is None:
@@ -200,21 +226,28 @@ class Engine:
                 t5 = t2
             else:
                 rule = self._rule(acceptance, params)
-                with torch.inference_mode():
-                    head_logits = self.heads(h_last)  # [K, V]
-                    tokens, q = candidates(pending, head_logits, tree)  # [N], [N]
+                chain = ngram.propose(min(lookup, room)) if ngram is not None else []
+                if chain and lookup_mode == "first":
+                    tree = _ROOT_ONLY  # the context repeats: skip the heads' cost this round
+                tokens, q_list = self._draft(tree, pending, h_last)
+                if chain:
+                    tree, tokens = self._graft(tree, tokens, chain, room)
+                    q_list += [None] * (len(tokens) - len(q_list))
+                tok_list = tokens
+                tokens = torch.tensor(tok_list, dtype=torch.long)
                 t1 = time.perf_counter()
                 hidden = target.forward(tokens, cache, tree.ancestor_mask, tree.depth_t)  # [N, H]
                 t2 = time.perf_counter()
-                tok_list = tokens.tolist()
                 with torch.inference_mode():
-                    verdict = verify(tok_list, tree, lambda i: target.logits(hidden[i]), params, rule, gen)
+                    if rule == "greedy":  # every row in one product, two syncs
+                        verdict = verify_greedy(tok_list, tree, target.logits(hidden))
+                    else:  # rows on demand: sampling visits few nodes and filters each row anyway
+                        verdict = verify(tok_list, tree, lambda i: target.logits(hidden[i]), params, rule, gen)
                 t3 = time.perf_counter()
                 kv_cache.keep_path(cache, cache_len, list(verdict.accepted))
                 cache_len += len(verdict.accepted)
                 h_last = hidden[verdict.accepted[-1]]
                 t4 = t5 = time.perf_counter()  # building the node list below counts as event time
-                q_list = q.tolist()
                 raw = [(tok_list[n], "accepted", q_list[n], verdict.target_prob.get(n)) for n in verdict.accepted[1:]]
                 raw.append((verdict.next_token, verdict.next_kind, None, verdict.next_prob))
                 nodes = self._nodes(tree, tok_list, q_list, verdict)
@@ -224,6 +257,8 @@ class Engine:
             produced, finished = self._finish(raw, produced, max_new_tokens, eos, cache_len, limit)
             emitted = self._emit(raw, detok, finished)
             pending = emitted[-1].token_id
+            if ngram is not None:
+                ngram.extend([e.token_id for e in emitted])
             t6 = time.perf_counter()
             timings["event"] = (t6 - t5) * 1e3
             timings["total"] = (t6 - t0) * 1e3
@@ -232,6 +267,28 @@ class Engine:
             for cb in callbacks:
                 cb(ev)
             yield ev
+
+    def _draft(self, tree: Tree, pending: int, h_last: torch.Tensor) -> tuple[list[int], list[float | None]]:
+        """The heads fill the tree: N tokens and their draft probabilities (None at the root)."""
+        if tree.num_nodes == 1:  # prompt lookup alone: no heads to run
+            return [pending], [None]
+        with torch.inference_mode():
+            head_logits = self.heads(h_last)  # [K, V]
+            tokens, q = candidates(pending, head_logits, tree)  # [N], [N]
+        q_list = q.tolist()
+        q_list[0] = None
+        return tokens.tolist(), q_list
+
+    @staticmethod
+    def _graft(tree: Tree, tokens: list[int], chain: list[int], room: int) -> tuple[Tree, list[int]]:
+        """Merge a prompt-lookup chain into the filled tree; graft what does not match as new nodes."""
+        if not chain:
+            return tree, tokens
+        attach, rest = merge_chain(tree, tokens, chain)
+        rest = rest[: room - tree.depth[attach]]
+        if not rest:
+            return tree, tokens
+        return graft_chain(tree.paths[1:], attach, len(rest)), tokens + rest
 
     @staticmethod
     def _rule(acceptance: str, params: SamplingParams) -> str:
@@ -275,6 +332,7 @@ class Engine:
     def _nodes(self, tree: Tree, toks: list[int], q: list[float], verdict) -> tuple[TreeNode, ...]:
         on_path = set(verdict.accepted)
         rejected = set(verdict.rejected)
+        looked_up = set(tree.lookup)
         out = []
         for i in range(tree.num_nodes):
             if i == 0:
@@ -285,6 +343,7 @@ class Engine:
                 status = "rejected"
             else:
                 status = "not_reached"
+            source = "root" if i == 0 else "lookup" if i in looked_up else "heads"
             out.append(TreeNode(toks[i], self.token_text(toks[i]), tree.parent[i], tree.depth[i], tree.rank[i],
-                                None if i == 0 else q[i], verdict.target_prob.get(i), status))
+                                q[i], verdict.target_prob.get(i), status, source))
         return tuple(out)

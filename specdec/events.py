@@ -16,10 +16,11 @@ class TreeNode:
     text: str
     parent: int  # node index, -1 for the root
     depth: int  # 0 for the root
-    rank: int  # top-k rank within its head, -1 for the root
-    draft_prob: float | None  # q: the head's softmax probability (display only)
+    rank: int  # top-k rank within its head; -1 for the root and for lookup nodes
+    draft_prob: float | None  # q: the head's softmax probability (display only); None for root and lookup
     target_prob: float | None  # p(token) under the parent's filtered law; None if the parent was not reached
     status: str  # "root", "accepted", "rejected" or "not_reached"
+    source: str = "heads"  # who drafted it: "root", "heads" or "lookup" (prompt lookup)
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,43 @@ class Verdict:
     rejected: tuple[int, ...]  # children tried and rejected
 
 
+def verify_greedy(tokens: list[int], tree: Tree, logits: torch.Tensor) -> Verdict:
+    """Greedy verification from every node's logits at once.
+
+    Same result as `verify(..., rule="greedy")`, in two host syncs instead
+    of two per visited node: one argmax over all N rows, then one gather
+    of the probabilities the events show. On a CPU one [N, H] x [H, V]
+    product also costs less than a+1 separate row products once a round
+    accepts a few tokens, and the walk itself is plain Python on ints.
+
+    Args:
+        tokens: N token ids, tokens[0] is the root.
+        logits: [N, V] target logits, row i after node i's path.
+    """
+    best = logits.argmax(dim=-1).tolist()  # [N]
+    accepted, rejected = [0], []
+    node = 0
+    while True:
+        kids = tree.children[node]
+        chosen = next((c for c in kids if tokens[c] == best[node]), None)
+        rejected.extend(c for c in kids if c != chosen)
+        if chosen is None:
+            break
+        accepted.append(chosen)
+        node = chosen
+    # p(token | parent) for every child of a visited node, and p(next token): one gather.
+    kids = [c for v in accepted for c in tree.children[v]]
+    dev = logits.device
+    lse = torch.logsumexp(logits[torch.tensor(accepted, device=dev)].float(), dim=-1)  # [A]
+    where = {v: i for i, v in enumerate(accepted)}
+    rows = [tree.parent[c] for c in kids] + [node]
+    cols = [tokens[c] for c in kids] + [best[node]]
+    picked = logits[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)].float()  # [R]
+    probs = (picked - lse[torch.tensor([where[r] for r in rows], device=dev)]).exp().tolist()
+    return Verdict(tuple(accepted), best[node], "correction" if tree.children[node] else "bonus", probs[-1],
+                   dict(zip(kids, probs)), tuple(rejected))
+
+
 def verify(tokens: list[int], tree: Tree, logits_at: Callable[[int], torch.Tensor], params: SamplingParams,
            rule: str, generator: torch.Generator | None,
            typical_eps: float = 0.09, typical_delta: float = 0.3) -> Verdict:

@@ -33,7 +33,7 @@ def tiny():
 def result(tiny):
     loaded, oracle = tiny
     methods = ("hf_greedy", "hf_sample", "hf_prompt_lookup", "plain_greedy", "chain_greedy", "default_greedy",
-               "default_sample")
+               "default_sample", "lookup_greedy", "merge_greedy", "hybrid_greedy", "hybrid_sample")
     return bench.benchmark(tiny_config(methods=methods), loaded, oracle, log=lambda *a: None)
 
 
@@ -41,7 +41,7 @@ def test_structure(result):
     assert set(result) == {"meta", "methods", "targets"}
     ids = [r["id"] for r in result["methods"]]
     assert ids == ["hf_greedy", "hf_sample", "hf_prompt_lookup", "plain_greedy", "chain_greedy", "default_greedy",
-                   "default_sample"]
+                   "default_sample", "lookup_greedy", "merge_greedy", "hybrid_greedy", "hybrid_sample"]
     for r in result["methods"]:
         assert METHOD_KEYS <= set(r), METHOD_KEYS - set(r)
         assert r["tok_s_median"] > 0 and r["new_tokens"] == 2 * 12
@@ -59,6 +59,8 @@ def test_structure(result):
     assert set(spec["stage_ms_per_round"]) == set(bench.STAGES) | {"total"}
     assert 0 < spec["non_forward_pct"] < 100
     assert {t["name"] for t in result["targets"]} == {t[0] for t in bench.TARGETS}
+    assert rows["lookup_greedy"]["tree_nodes"] == 1 and rows["lookup_greedy"]["lookup"] == 10
+    assert rows["merge_greedy"]["lookup_mode"] == "merge" and rows["hybrid_greedy"]["lookup_mode"] == "first"
     json.dumps(result)  # plain values only
 
 

@@ -32,7 +32,7 @@ def random_loaded(models):
 def test_greedy_equals_hf_generate(arch, tree, random_loaded, hf_refs):
     loaded = random_loaded[arch]
     for i, prompt in enumerate(PROMPTS):
-        out = specdec.generate(loaded, prompt_ids=prompt, max_new_tokens=N, tree=tree, eos_token_id=None)
+        out = specdec.generate(loaded, prompt_ids=prompt, max_new_tokens=N, tree=tree, lookup=0, eos_token_id=None)
         assert out.token_ids == hf_refs[arch, i][:N], f"prompt {i}"
         assert out.stats["new_tokens"] == N and out.stats["finished"] == "length"
         assert all(r.acceptance == "greedy" for r in out.rounds[1:])
@@ -55,7 +55,7 @@ def test_greedy_with_oracle_heads_accepts_long_paths(arch, tree, models, hf_refs
     """Perfect drafts: every round accepts a full path, and the output is still exactly HF's."""
     prompt = PROMPTS[0]
     loaded, ref = oracle_loaded(models[arch], prompt, N)
-    out = specdec.generate(loaded, prompt_ids=prompt, max_new_tokens=N, tree=tree, eos_token_id=None)
+    out = specdec.generate(loaded, prompt_ids=prompt, max_new_tokens=N, tree=tree, lookup=0, eos_token_id=None)
     assert out.token_ids == ref[:N] == hf_refs[arch, 0][:N]
     assert out.stats["mean_accepted_length"] > 3.5  # up to 5 = 4 drafts + bonus
     assert out.stats["target_forwards"] <= 2 + N // 4
@@ -69,7 +69,7 @@ def test_greedy_with_noisy_oracle_heads(arch, models, hf_refs):
     prompt = PROMPTS[2]
     loaded, _ = oracle_loaded(models[arch], prompt, N, rank_of=lambda pos, k: (pos * 5 + k) % 4)
     for tree in ("small", "default"):
-        out = specdec.generate(loaded, prompt_ids=prompt, max_new_tokens=N, tree=tree, eos_token_id=None)
+        out = specdec.generate(loaded, prompt_ids=prompt, max_new_tokens=N, tree=tree, lookup=0, eos_token_id=None)
         assert out.token_ids == hf_refs[arch, 2][:N]
         assert out.stats["mean_accepted_length"] > 1.5
         assert any(r.accepted_path != tuple(range(len(r.accepted_path))) for r in out.rounds)
@@ -77,7 +77,7 @@ def test_greedy_with_noisy_oracle_heads(arch, models, hf_refs):
 
 def test_random_heads_accept_sometimes(random_loaded):
     """Random heads are not useless on repetitive tiny-model text: some rounds accept drafts."""
-    lengths = [specdec.generate(random_loaded[a], prompt_ids=p, max_new_tokens=N, tree="default",
+    lengths = [specdec.generate(random_loaded[a], prompt_ids=p, max_new_tokens=N, tree="default", lookup=0,
                                 eos_token_id=None).stats["mean_accepted_length"] for a in ARCHS for p in PROMPTS]
     assert max(lengths) > 1.5 and min(lengths) >= 1.0
 
@@ -124,7 +124,7 @@ def test_max_new_tokens_is_exact(n, models):
     prompt = PROMPTS[0]
     loaded, ref = oracle_loaded(models["llama"], prompt, 16)
     for tree in ("chain", "default"):
-        out = specdec.generate(loaded, prompt_ids=prompt, max_new_tokens=n, tree=tree, eos_token_id=None)
+        out = specdec.generate(loaded, prompt_ids=prompt, max_new_tokens=n, tree=tree, lookup=0, eos_token_id=None)
         assert out.token_ids == ref[:n]  # perfect drafts: the bonus token would overshoot if unchecked
         assert out.stats["finished"] == "length" and out.rounds[-1].total_tokens == n
     rnd = specdec.load(models["qwen2"], heads="random")
@@ -186,7 +186,8 @@ def test_round_events_are_complete(byte_model, byte_tokenizer):
     loaded = specdec.load(byte_model, heads="random", device="cpu", tokenizer=byte_tokenizer)
     seen = []
     out = specdec.generate(loaded, prompt="Hello, world", max_new_tokens=30, temperature=0.9, top_k=50,
-                           top_p=0.95, min_p=0.01, seed=1, tree="small", on_round=seen.append, eos_token_id=None)
+                           top_p=0.95, min_p=0.01, seed=1, tree="small", on_round=seen.append, eos_token_id=None,
+                           lookup=0)
     assert seen == out.rounds and all(a is b for a, b in zip(seen, out.rounds))
     tree = loaded.engine.resolve_tree("small")
     assert out.rounds[0].index == 0 and out.rounds[0].nodes == () and len(out.rounds[0].emitted) == 1
@@ -298,7 +299,7 @@ def test_engine_argument_errors(random_loaded, models):
         eng.stream([1, 2], 2.5)
     no_heads = specdec.load(models["llama"], heads=None)
     with pytest.raises(ValueError, match="heads"):
-        specdec.generate(no_heads, prompt_ids=[1, 2], max_new_tokens=3)
+        specdec.generate(no_heads, prompt_ids=[1, 2], max_new_tokens=3, lookup=0)
     with pytest.raises(ValueError, match="tokenizer"):
         specdec.generate(no_heads, prompt="hello", speculative=False)
     with pytest.raises(ValueError, match="tree"):

@@ -11,7 +11,8 @@ seeded samples and compare with a chi-square test:
   fixed draft logits through `draft_tree.candidates`), for the chain, the
   default tree, and the default tree cut to depth 1 (as the engine cuts it
   near max_new_tokens; its leaves make bonus tokens common);
-- the engine end to end (real forwards, random heads);
+- the engine end to end (real forwards, random heads), also with prompt
+  lookup drafting (its chain alone, and merged into the heads' tree);
 - negative controls: planted bugs (a verifier that always accepts, a
   verification path that ignores top-p, Medusa's lossy typical acceptance)
   must make the same test fail with p < 1e-6.
@@ -28,7 +29,7 @@ import specdec.verifier as verifier_mod
 from conftest import make_model, naive_logits, reference_probs
 from specdec import kv_cache
 from specdec.draft_tree import candidates, resolve_tree
-from specdec.sampler import SamplingParams, target_probs
+from specdec.sampler import SamplingParams, sample, target_probs
 from specdec.target import TargetModel
 from specdec.verifier import verify
 
@@ -264,3 +265,65 @@ def test_plain_mode_is_lossless(model, joint):
     p = chi2_pvalue(counts, joint)
     print(f"\n[plain] chi-square p = {p:.4g}")
     assert p > PASS_P
+
+
+# -- end to end with prompt lookup ---------------------------------------------------
+
+LOOKUP_PROMPT = list(range(V)) + [ROOT]  # every token occurs once: any t1 has a lookup proposal
+
+
+def lookup_counts(model, mode: str, n: int, seed0: int) -> tuple[np.ndarray, float]:
+    """Counts of (t2, t3), the first two tokens of round 1, and how often round 1 accepted a lookup node.
+
+    "merge" uses the chain tree: the 64-node tree already holds most 3-token paths of a 10-token
+    vocabulary, so a merged lookup chain would rarely add nodes to it.
+    """
+    loaded = specdec.load(model, heads="random", device="cpu")
+    counts = np.zeros((V, V))
+    grafted = lookup_hits = 0
+    for i in range(n):
+        params = PARAMS.replace(seed=seed0 + i)
+        events = list(loaded.engine.stream(LOOKUP_PROMPT, 4, params, tree="default" if mode == "first" else "chain",
+                                           eos_token_id=None, lookup=3, lookup_mode=mode))
+        toks = [t.token_id for e in events for t in e.emitted]
+        nodes = events[1].nodes
+        grafted += any(nd.source == "lookup" for nd in nodes)
+        lookup_hits += any(nodes[j].source == "lookup" for j in events[1].accepted_path[1:])
+        counts[toks[1], toks[2]] += 1
+    assert grafted > n / 2, "most first rounds must carry lookup nodes"
+    return counts, lookup_hits / n
+
+
+@pytest.fixture(scope="module")
+def joint_after_first_lookup(model):
+    p1 = exact_law(model, LOOKUP_PROMPT)
+    return sum(p1[a] * exact_joint(model, LOOKUP_PROMPT + [a]) for a in range(V) if p1[a] > 0)
+
+
+@pytest.mark.parametrize("mode", ["first", "merge"])
+def test_engine_with_lookup_is_lossless(model, joint_after_first_lookup, mode):
+    counts, hit = lookup_counts(model, mode, N_ENGINE, seed0=20_000)
+    assert hit > 0.05, f"lookup drafts must be accepted often enough to matter (got {hit:.2f})"
+    assert counts[joint_after_first_lookup == 0].sum() == 0
+    p = chi2_pvalue(counts, joint_after_first_lookup)
+    print(f"\n[engine + lookup, {mode}] chi-square p = {p:.4g}, lookup accepted in {hit:.0%} of rounds")
+    assert p > PASS_P
+
+
+def test_engine_with_lookup_negative_control_always_accept(model, joint_after_first_lookup, monkeypatch):
+    """A planted bug: lookup drafts accepted without the test (as if p/q were ignored) must fail."""
+    real = verifier_mod.verify
+
+    def accept_lookup(tokens, tree, logits_at, params, rule, generator, **kw):
+        if not tree.lookup:
+            return real(tokens, tree, logits_at, params, rule, generator, **kw)
+        # "first" mode: the chain hangs from the root. Take all of it, then a bonus token from p.
+        tok = sample(target_probs(logits_at(tree.lookup[-1]), params), generator)
+        return verifier_mod.Verdict((0,) + tree.lookup, tok, "bonus", 0.0, {}, ())
+
+    import specdec.engine as engine_mod
+    monkeypatch.setattr(engine_mod, "verify", accept_lookup)
+    counts, _ = lookup_counts(model, "first", N_CONTROL, seed0=20_000)
+    p = chi2_pvalue(counts, joint_after_first_lookup)
+    print(f"\n[engine + lookup] always-accept control p = {p:.4g}")
+    assert p < FAIL_P

@@ -1,0 +1,60 @@
+"""Prompt lookup: draft the tokens that followed the last time this n-gram occurred.
+
+Code, chat transcripts and small models repeat themselves, and n-gram
+matching drafts those repeats for free (no weights, no forward), as in
+Saxena's prompt lookup decoding and HF's `prompt_lookup_num_tokens`. The
+engine grafts the proposed chain into the heads' tree (`graft_chain`), so
+one verify pass checks both drafters, or drafts with the chain alone when
+the context has a match (the engine's `lookup_mode`).
+
+A proposal is a deterministic function of the committed tokens, so it is
+a point-mass draft and the verifier's rules stay lossless unchanged.
+"""
+from __future__ import annotations
+
+# Tokens proposed per round by `specdec.generate`, the CLI and the app (HF's
+# `prompt_lookup_num_tokens` is commonly 10 too). The Engine itself defaults to 0.
+DEFAULT_LOOKUP = 10
+
+
+class NgramIndex:
+    """The latest occurrence of every n-gram (1 <= n <= max_ngram) of a growing token list.
+
+    The index covers n-grams that end before the last token, so the
+    current suffix never matches itself. Updating costs O(max_ngram) per
+    new token; a proposal costs max_ngram dict lookups.
+    """
+
+    def __init__(self, tokens: list[int], max_ngram: int = 3) -> None:
+        if not isinstance(max_ngram, int) or isinstance(max_ngram, bool) or max_ngram < 1:
+            raise ValueError(f"`lookup_ngram` must be an integer >= 1, got {max_ngram!r}")
+        self.max_ngram = max_ngram
+        self.tokens: list[int] = []
+        self._last: dict[tuple[int, ...], int] = {}  # n-gram -> index of its last token
+        self._indexed = 0  # n-grams ending at positions < _indexed are in _last
+        self.extend(tokens)
+
+    def extend(self, new_tokens: list[int]) -> None:
+        self.tokens.extend(new_tokens)
+        toks, last = self.tokens, self._last
+        for end in range(self._indexed, len(toks) - 1):
+            for n in range(1, min(self.max_ngram, end + 1) + 1):
+                last[tuple(toks[end - n + 1 : end + 1])] = end
+        self._indexed = max(self._indexed, len(toks) - 1)
+
+    def propose(self, length: int) -> list[int]:
+        """Up to `length` tokens that followed the longest matching suffix n-gram; [] if none matches."""
+        toks = self.tokens
+        if length < 1:
+            return []
+        for n in range(min(self.max_ngram, len(toks)), 0, -1):
+            end = self._last.get(tuple(toks[-n:]))
+            if end is not None:
+                # An overlapping copy, as in LZ77: when the copy reaches the end of the context it
+                # goes on reading what it has just proposed, so a repeat with a short period
+                # (the latest match is then only a few tokens back) still yields `length` tokens.
+                out: list[int] = []
+                for j in range(end + 1, end + 1 + length):
+                    out.append(toks[j] if j < len(toks) else out[j - len(toks)])
+                return out
+        return []
