@@ -19,7 +19,8 @@ import torch
 
 import specdec
 from components import Handlers, Session, Settings, legend_html, plots, serving
-from components.session import ACCEPTANCE_CHOICES, MAX_NEW_TOKENS_MAX, SEED_MAX, TEMPERATURE_MAX, TOP_K_MAX
+from components.session import (ACCEPTANCE_CHOICES, LOOKUP_MAX, LOOKUP_MODE_CHOICES, MAX_NEW_TOKENS_MAX, SEED_MAX,
+                                TEMPERATURE_MAX, TOP_K_MAX)
 from specdec.metrics import Metrics
 from specdec.prefix_cache import PrefixCache
 
@@ -86,12 +87,13 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
     """
     h = Handlers(loaded, max_prompt_tokens=max_prompt_tokens, figure_interval=figure_interval,
                  text_interval=text_interval, on_round=on_round, metrics=metrics)
-    d = Settings(tree=h.default_tree, speculative=loaded.heads is not None)
+    # Without heads, speculation still runs on prompt lookup alone (Settings' default lookup is DEFAULT_LOOKUP).
+    d = Settings(tree=h.default_tree)
     prompts = examples()
     with gr.Blocks(title="specdec: speculative decoding, visible") as demo:
         session = gr.State(Session(live=d), delete_callback=lambda s: s.clear())
         gr.Markdown("# specdec: speculative decoding, round by round\n"
-                    "Medusa heads draft a tree of guesses; one target forward verifies it. "
+                    "Medusa heads and prompt lookup draft a tree of guesses; one target forward verifies it. "
                     + _model_line(loaded), elem_id="title")
         with gr.Row():
             with gr.Column(scale=2, min_width=320):
@@ -115,8 +117,15 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
                                      elem_id="seed")
                 with gr.Group():
                     speculative = gr.Checkbox(d.speculative, label="speculation (off = plain decoding baseline)",
-                                              interactive=loaded.heads is not None, elem_id="speculative")
+                                              elem_id="speculative")
                     tree = gr.Dropdown(h.tree_choices, value=d.tree, label="draft tree", elem_id="tree")
+                    lookup = gr.Slider(0, LOOKUP_MAX, d.lookup, step=1, label="prompt lookup tokens",
+                                       info="drafted per round by copying what followed the last occurrence of "
+                                            "the context's final n-gram; 0 = off", elem_id="lookup")
+                    lookup_mode = gr.Radio(list(LOOKUP_MODE_CHOICES), value=d.lookup_mode, label="prompt lookup mode",
+                                           info="first: when the context repeats, the lookup chain alone drafts "
+                                                "(the heads skip that round); merge: the chain joins the heads' tree",
+                                           elem_id="lookup-mode")
                     acceptance = gr.Radio(list(ACCEPTANCE_CHOICES), value=d.acceptance, label="acceptance rule",
                                           info="typical is lossy: its output no longer follows the target model",
                                           elem_id="acceptance")
@@ -147,7 +156,9 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
         with gr.Accordion("Round event (JSON)", open=False):
             event_json = gr.JSON(label="latest round", elem_id="event-json")
 
-        controls = [prompt, temperature, top_k, top_p, min_p, max_new, seed, tree, acceptance, speculative]
+        # New controls go at the end: the /generate and /compare API keep their old positional order.
+        controls = [prompt, temperature, top_k, top_p, min_p, max_new, seed, tree, acceptance, speculative, lookup,
+                    lookup_mode]
         gen_outputs = [tokens, stats, tree_plot, round_slider, round_info, len_plot, depth_plot, tps_plot,
                        sampler_plot, event_json]
         model_queue = dict(concurrency_id="model", concurrency_limit=1)

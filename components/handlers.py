@@ -24,7 +24,7 @@ from specdec.verifier import LOSSY_RULES
 from . import plots
 from .serving import RequestMetrics, arrival_time
 from .session import Run, Session, Settings
-from .stats import stats_markdown, summarize
+from .stats import accepted_by_lookup, stats_markdown, summarize
 from .tokens import render_round, render_tokens
 
 
@@ -63,6 +63,9 @@ def round_markdown(ev: RoundEvent | None) -> str:
     t = ev.timings
     times = ", ".join(f"{k} {t[k]:.1f} ms" for k in ("draft", "forward", "verify", "total") if k in t)
     head = "prefill" if ev.index == 0 else f"{len(ev.nodes) - 1 if ev.nodes else 0} drafts"
+    looked_up = sum(1 for n in ev.nodes if n.source == "lookup")
+    if looked_up:
+        head += f", {looked_up} by prompt lookup, {accepted_by_lookup(ev)} of them accepted"
     return (f"**Round {ev.index}** ({head}) · rule {rule} · sampler {sampler}  \n"
             f"emitted: {toks}  \n{times}" + (f" · finished: {ev.finished}" if ev.finished else ""))
 
@@ -93,13 +96,14 @@ class Handlers:
     # -- helpers -------------------------------------------------------------
     def _tree_choices(self) -> list[tuple[str, str]]:
         if self.loaded.heads is None:
-            return [("none (no draft heads loaded)", "default")]
+            return [("none (no draft heads loaded: prompt lookup only)", "none")]
         names = (["trained"] if self.loaded.tree_paths else []) + ["default", "small", "chain"]
         out = []
         for name in names:
             n = self.engine.resolve_tree(name).num_nodes
             what = "shipped with the heads" if name == "trained" else "preset"
             out.append((f"{name} ({n} nodes, {what})", name))
+        out.append(("none (root only: prompt lookup drafts everything)", "none"))
         return out
 
     @property
@@ -116,13 +120,18 @@ class Handlers:
         return ids
 
     def _validate(self, prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree, acceptance,
-                  speculative) -> tuple[Settings, list[int]]:
+                  speculative, lookup, lookup_mode) -> tuple[Settings, list[int]]:
         try:
             settings = Settings.validate(temperature, top_k, top_p, min_p, max_new_tokens, seed, tree, acceptance,
-                                         speculative, trees=[v for _, v in self.tree_choices])
+                                         speculative, lookup, lookup_mode, trees=[v for _, v in self.tree_choices])
             ids = self.encode(prompt)
-            if settings.speculative and self.loaded.heads is None:
-                raise ValueError("Speculation needs draft heads: start the app with --heads, or turn it off.")
+            if settings.speculative and not settings.lookup:
+                if self.loaded.heads is None:
+                    raise ValueError("Speculation needs draft heads or prompt lookup: set prompt lookup tokens "
+                                     ">= 1, start the app with --heads, or turn speculation off.")
+                if settings.tree == "none":
+                    raise ValueError("The draft tree 'none' drafts nothing by itself: set prompt lookup tokens "
+                                     ">= 1 or pick another tree.")
         except ValueError as e:
             raise gr.Error(str(e), title="Invalid input", print_exception=False) from None
         return settings, ids
@@ -149,11 +158,12 @@ class Handlers:
                 "accepted_length": ev.accepted_length, "emitted": [t.kind for t in ev.emitted],
                 "acceptance": ev.acceptance, "lossy": ev.acceptance in LOSSY_RULES,
                 "speculative": ev.speculative, "params": ev.params, "seed": run.seed,
+                "accepted_lookup": accepted_by_lookup(ev),
                 "finished": ev.finished or ("stopped" if stopped else None)}
 
     # -- Generate --------------------------------------------------------------
     def generate(self, prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree, acceptance,
-                 speculative, session: Session, request: gr.Request | None = None):
+                 speculative, lookup, lookup_mode, session: Session, request: gr.Request | None = None):
         """Stream one generation: an update per round, the tree at most every `figure_interval` s.
 
         Rounds faster than `text_interval` (a GPU does hundreds per second) are batched into one
@@ -163,13 +173,14 @@ class Handlers:
         """
         with RequestMetrics(self.metrics, arrival_time(request), self.engine.prefix_cache) as req:
             settings, ids = self._validate(prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree,
-                                           acceptance, speculative)
+                                           acceptance, speculative, lookup, lookup_mode)
             run = session.start_run(prompt, ids, settings)
             try:
                 stream = self.engine.stream(ids, settings.max_new_tokens, session.live_params, settings.tree,
                                             settings.speculative, settings.acceptance,
                                             on_round=[run.record, req.on_round, *self.on_round],
-                                            should_stop=session.should_stop(run))
+                                            should_stop=session.should_stop(run),
+                                            **self._lookup_kwargs(settings, settings.speculative))
             except ValueError as e:
                 session.finish(run)
                 raise gr.Error(str(e), title="Invalid input", print_exception=False) from None
@@ -192,6 +203,11 @@ class Handlers:
             note = "position after the generated text; moving a slider re-filters it"
             sampler = self._sampler_figure(session, run.prompt_ids + run.token_ids, session.live, note)
             yield self._updates(run, ev, text_html, True, True, sampler)
+
+    @staticmethod
+    def _lookup_kwargs(settings: Settings, speculative: bool) -> dict:
+        """Prompt lookup for `engine.stream`: plain decoding drafts nothing, so it gets lookup=0."""
+        return {"lookup": settings.lookup if speculative else 0, "lookup_mode": settings.lookup_mode}
 
     def _updates(self, run: Run, ev: RoundEvent, text_html: str, tree: bool, charts: bool, sampler) -> tuple:
         stopped = run.stopped and ev.finished is None
@@ -242,7 +258,8 @@ class Handlers:
             live = session.live.with_live(temperature, top_k, top_p, min_p)
             if not session.running:
                 live = Settings.validate(live.temperature, live.top_k, live.top_p, live.min_p,
-                                         live.max_new_tokens, live.seed, live.tree, acceptance, live.speculative)
+                                         live.max_new_tokens, live.seed, live.tree, acceptance, live.speculative,
+                                         live.lookup, live.lookup_mode)
         except ValueError as e:
             raise gr.Error(str(e), title="Invalid input", print_exception=False) from None
         session.live = live
@@ -261,10 +278,10 @@ class Handlers:
 
     # -- Compare -----------------------------------------------------------------
     def compare(self, prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree, acceptance,
-                speculative, session: Session):
+                speculative, lookup, lookup_mode, session: Session):
         """Run speculative then plain decoding with identical, fixed settings; report the speedup."""
         settings, ids = self._validate(prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree,
-                                       acceptance, True)
+                                       acceptance, True, lookup, lookup_mode)
         run = session.start_run(prompt, ids, settings, main=False)
         params = settings.sampling_params(run.seed)
         results = {}
@@ -277,11 +294,13 @@ class Handlers:
             yield "Warming up both decoders…", gr.skip(), gr.skip()
             for spec in (True, False):
                 for _ in self.engine.stream(ids, warm, params, settings.tree, spec, settings.acceptance,
-                                            should_stop=session.should_stop(run)):
+                                            should_stop=session.should_stop(run),
+                                            **self._lookup_kwargs(settings, spec)):
                     pass
             for name, spec in (("speculative", True), ("baseline", False)):
                 stream = self.engine.stream(ids, settings.max_new_tokens, params, settings.tree, spec,
-                                            settings.acceptance, should_stop=session.should_stop(run))
+                                            settings.acceptance, should_stop=session.should_stop(run),
+                                            **self._lookup_kwargs(settings, spec))
                 events, busy = [], 0.0
                 try:
                     while True:
@@ -327,8 +346,9 @@ class Handlers:
             same = ("sampling: the two texts need not match; lossless verification means both follow the same "
                     "distribution")
         sp = "n/a" if speedup is None else f"**{speedup:.2f}×**"
+        how = f" (prompt lookup {settings.lookup}, {settings.lookup_mode})" if settings.lookup else ""
         return (f"| | tokens | time (s) | tok/s | mean accepted length |\n|---|---|---|---|---|\n"
-                f"| speculative | {s['new_tokens']} | {sbusy:.2f} | {st or 0:.1f} | "
+                f"| speculative{how} | {s['new_tokens']} | {sbusy:.2f} | {st or 0:.1f} | "
                 f"{s['mean_accepted_length'] or 0:.2f} |\n"
                 f"| baseline | {b['new_tokens']} | {bbusy:.2f} | {bt or 0:.1f} | 1.00 |\n\n"
                 f"Measured speedup {sp} (same prompt, settings and seed; engine time after an untimed warm-up, "

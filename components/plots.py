@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 
 from specdec import RoundEvent
 
-from .stats import accepted_drafts, change_rounds, decode_rounds, depth_acceptance
+from .stats import accepted_by_lookup, accepted_drafts, change_rounds, decode_rounds, depth_acceptance
 
 STATUS_COLORS = {
     "root": "#455a64",
@@ -28,6 +28,9 @@ EDGE_COLOR = "#9e9e9e"
 KEPT_COLOR = "#1565c0"
 REMOVED_COLOR = "#cfcfcf"
 CHANGE_COLOR = "#8e24aa"
+LOOKUP_COLOR = "#00838f"  # prompt lookup: outline of its square nodes, its edges, its bars
+LOOKUP_SYMBOL = "square"
+LOOKUP_FILL = "#4db6ac"  # the accepted-length bars of prompt-lookup drafts
 _VISIBLE_WS = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
 
 
@@ -57,6 +60,9 @@ def empty_figure(message: str, height: int = 260) -> go.Figure:
 def tree_layout(event: RoundEvent, extra_child_of: int | None = None) -> tuple[list[float], list[float]]:
     """x = depth; y from a tidy layout: leaves on separate rows, rank 0 on top, parents centred.
 
+    Prompt-lookup nodes have rank -1, so a lookup chain is its parent's top child (the engine
+    also tries it first). A chain is as deep as the lookup length, but adds only one leaf row.
+
     With `extra_child_of`, a virtual node (index N) is laid out as the last child of that node:
     the target's own token, which gets its own row instead of overlapping the drafts.
     """
@@ -75,7 +81,7 @@ def tree_layout(event: RoundEvent, extra_child_of: int | None = None) -> tuple[l
     ys = [0.0] * total
     next_row = [0]
 
-    def place(i: int) -> float:  # recursion depth = tree depth, a handful
+    def place(i: int) -> float:  # recursion depth = tree depth: heads' depth + lookup length, < 80
         if not kids[i]:
             ys[i] = -float(next_row[0])
             next_row[0] += 1
@@ -97,7 +103,10 @@ def _segments(pairs, xs, ys):
 
 
 def tree_figure(event: RoundEvent | None) -> go.Figure:
-    """The round's draft tree: nodes by status, the accepted path bold, the target's own token dashed."""
+    """The round's draft tree: nodes by status, the accepted path bold, the target's own token dashed.
+
+    Head drafts are circles (one trace per status); prompt-lookup drafts are squares with a teal
+    outline, coloured by status too, in one "prompt lookup" trace with its own legend entry."""
     if event is None:
         return empty_figure("No round yet: press Generate.")
     if not event.nodes:
@@ -111,15 +120,23 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
     xs, ys = tree_layout(event, last if extra else None)
     on_path = set(zip(path, path[1:]))
     all_edges = [(n.parent, i) for i, n in enumerate(nodes) if n.parent >= 0]
+    looked_up = [i for i, n in enumerate(nodes) if n.source == "lookup"]
+    lookup_set = set(looked_up)
+    depth = max(n.depth for n in nodes) + (1 if extra else 0)
+    limit = 12 if depth <= 5 else max(4, 60 // depth)  # label length: deep lookup chains have narrow columns
     fig = go.Figure()
-    ex, ey = _segments([e for e in all_edges if e not in on_path], xs, ys)
+    ex, ey = _segments([e for e in all_edges if e not in on_path and e[1] not in lookup_set], xs, ys)
     fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", name="draft edges", hoverinfo="skip",
                              line=dict(color=EDGE_COLOR, width=1), showlegend=False))
+    if looked_up:
+        lx, ly = _segments([e for e in all_edges if e not in on_path and e[1] in lookup_set], xs, ys)
+        fig.add_trace(go.Scatter(x=lx, y=ly, mode="lines", name="lookup edges", hoverinfo="skip",
+                                 line=dict(color=LOOKUP_COLOR, width=1.5, dash="dot"), showlegend=False))
     ax, ay = _segments([e for e in all_edges if e in on_path], xs, ys)
     fig.add_trace(go.Scatter(x=ax, y=ay, mode="lines", name="accepted path", hoverinfo="skip",
                              line=dict(color=STATUS_COLORS["accepted"], width=5)))
     for status in ("root", "accepted", "rejected", "not_reached"):
-        idx = [i for i, n in enumerate(nodes) if n.status == status]
+        idx = [i for i, n in enumerate(nodes) if n.status == status and i not in lookup_set]
         if not idx:
             continue
         custom = [[label(nodes[i].text, 40), nodes[i].depth, max(nodes[i].depth - 1, 0), nodes[i].rank,
@@ -131,11 +148,31 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
         bold = status in ("root", "accepted")
         fig.add_trace(go.Scatter(
             x=[xs[i] for i in idx], y=[ys[i] for i in idx], mode="markers+text", name=STATUS_NAMES[status],
-            text=[(f"<b>{label(nodes[i].text)}</b>" if bold else label(nodes[i].text)) for i in idx],
-            textposition="top right", textfont=dict(size=11, color="#212121"),
+            text=[(f"<b>{label(nodes[i].text, limit)}</b>" if bold else label(nodes[i].text, limit)) for i in idx],
+            textposition="top right", textfont=dict(size=11 if depth <= 5 else 10, color="#212121"),
             marker=dict(color=STATUS_COLORS[status], size=14 if bold else 10,
                         line=dict(color="#1b5e20" if bold else "#ffffff", width=2 if bold else 1)),
             customdata=custom, hovertemplate=hover,
+        ))
+    if looked_up:  # prompt lookup: squares with a teal outline, coloured by status like the head drafts
+        fig.add_trace(go.Scatter(  # legend entry only: a point-coloured trace would show its first point's colour
+            x=[None], y=[None], mode="markers", name="prompt lookup", legendgroup="lookup", hoverinfo="skip",
+            marker=dict(symbol=LOOKUP_SYMBOL, color="#ffffff", size=11, line=dict(color=LOOKUP_COLOR, width=2))))
+        acc = [nodes[i].status == "accepted" for i in looked_up]
+        fig.add_trace(go.Scatter(
+            x=[xs[i] for i in looked_up], y=[ys[i] for i in looked_up], mode="markers+text", name="prompt lookup",
+            legendgroup="lookup", showlegend=False,
+            text=[(f"<b>{label(nodes[i].text, limit)}</b>" if a else label(nodes[i].text, limit))
+                  for i, a in zip(looked_up, acc)],
+            textposition="top right", textfont=dict(size=11 if depth <= 5 else 10, color="#212121"),
+            marker=dict(symbol=LOOKUP_SYMBOL, color=[STATUS_COLORS[nodes[i].status] for i in looked_up],
+                        size=[13 if a else 10 for a in acc], line=dict(color=LOOKUP_COLOR, width=2)),
+            customdata=[[label(nodes[i].text, 40), nodes[i].depth, "prompt lookup", "-", "-",
+                         _p(nodes[i].target_prob), nodes[i].token_id, i, STATUS_NAMES[nodes[i].status]]
+                        for i in looked_up],
+            hovertemplate="<b>%{customdata[0]}</b> (id %{customdata[6]}, node %{customdata[7]})<br>"
+                          "depth %{customdata[1]} · prompt lookup<br>draft q = -<br>"
+                          "target p = %{customdata[5]}<extra>%{customdata[8]}</extra>",
         ))
     # The target's own token after the accepted path: a correction or a bonus.
     if extra:
@@ -146,7 +183,7 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
                                  line=dict(color=color, width=2, dash="dash"), showlegend=False))
         fig.add_trace(go.Scatter(
             x=[x_t], y=[y_t], mode="markers+text", name=f"target token ({tok.kind})",
-            text=[f"<b>{label(tok.text)}</b>"], textposition="middle right",
+            text=[f"<b>{label(tok.text, limit)}</b>"], textposition="middle right",
             marker=dict(color=color, size=15, symbol="diamond"),
             customdata=[[label(tok.text, 40), tok.kind, _p(tok.target_prob), tok.token_id]],
             hovertemplate="<b>%{customdata[0]}</b> (id %{customdata[3]})<br>%{customdata[1]} from the target"
@@ -156,14 +193,20 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
     kind = extra[-1].kind if extra else "none"
     rule = event.acceptance + (" (LOSSY)" if event.acceptance == "typical" else "")
     leaves = int(round(-min(ys))) + 1  # leaf rows are 0, -1, -2, ...
+    lookup_note, key = "", "columns = depth (head = depth − 1)"
+    if looked_up:
+        got_lookup = sum(1 for i in path if i in lookup_set)
+        lookup_note = f" ({got_lookup} of {len(looked_up)} from prompt lookup)"
+        key += " · squares = prompt lookup"
     fig.update_layout(
-        title=dict(text=f"Round {event.index}: accepted {got} of {drafts} drafts, then a {kind} token<br>"
-                        f"<sup>rule {rule} · columns = depth (head = depth − 1) · bold = accepted path · "
+        title=dict(text=f"Round {event.index}: accepted {got} of {drafts} drafts{lookup_note}, then a {kind} token"
+                        f"<br><sup>rule {rule} · {key} · bold = accepted path · "
                         f"hover a node for head rank, q and p</sup>",
                    font=dict(size=14)),
         height=int(min(1000, max(400, 26 * leaves + 170))),
         margin=dict(l=10, r=10, t=60, b=20), plot_bgcolor="#ffffff", uirevision=f"tree-{len(nodes)}",
-        xaxis=dict(dtick=1, range=[-0.3, max(xs) + 0.9], zeroline=False, gridcolor="#eeeeee", side="top"),
+        xaxis=dict(dtick=1 if max(xs) <= 20 else 5, range=[-0.3, max(xs) + max(0.9, 0.08 * max(xs))], zeroline=False,
+                   gridcolor="#eeeeee", side="top"),
         yaxis=dict(visible=False), hoverlabel=dict(align="left"),
         legend=dict(orientation="h", y=-0.02, yanchor="top", entrywidth=125, font=dict(size=11)),
     )
@@ -195,9 +238,16 @@ def accepted_length_figure(events: list[RoundEvent]) -> go.Figure:
         return empty_figure("Accepted length per round: no decoding round yet.", 300)
     xs = [ev.index for ev in dec]
     drafts = [accepted_drafts(ev) for ev in dec]
+    looked_up = [accepted_by_lookup(ev) for ev in dec]
     own = [len(ev.emitted) - d for ev, d in zip(dec, drafts)]
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=xs, y=drafts, name="accepted drafts", marker_color=STATUS_COLORS["accepted"]))
+    if any(looked_up):  # the heads' share keeps its name, prompt lookup's share stacks on it
+        heads = [d - k for d, k in zip(drafts, looked_up)]
+        fig.add_trace(go.Bar(x=xs, y=heads, name="accepted drafts (heads)", marker_color=STATUS_COLORS["accepted"]))
+        fig.add_trace(go.Bar(x=xs, y=looked_up, name="accepted drafts (prompt lookup)",
+                             marker=dict(color=LOOKUP_FILL, line=dict(color=LOOKUP_COLOR, width=1))))
+    else:
+        fig.add_trace(go.Bar(x=xs, y=drafts, name="accepted drafts", marker_color=STATUS_COLORS["accepted"]))
     fig.add_trace(go.Bar(x=xs, y=own, name="target token", marker_color=TARGET_COLORS["correction"]))
     mean = sum(len(ev.emitted) for ev in dec) / len(dec)
     fig.add_hline(y=mean, line=dict(color="#212121", dash="dash", width=1))

@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass, field, replace
 
 from specdec import RoundEvent, SamplingParams
+from specdec.lookup import DEFAULT_LOOKUP
 
 # UI ranges. Gradio's sliders reject values outside them, and `Settings.validate`
 # checks them again for calls that bypass the sliders.
@@ -20,11 +21,16 @@ TEMPERATURE_MAX = 2.0
 TOP_K_MAX = 200
 MAX_NEW_TOKENS_MAX = 512
 SEED_MAX = 2**31 - 1
+LOOKUP_MAX = 64  # prompt-lookup tokens per round (the engine's own limit)
 
 ACCEPTANCE_CHOICES = (
     ("lossless sampling (exact)", "lossless"),
     ("greedy (argmax match; ignores temperature)", "greedy"),
     ("typical acceptance (LOSSY)", "typical"),
+)
+LOOKUP_MODE_CHOICES = (
+    ("first", "first"),  # a round whose context has an n-gram match drafts the lookup chain alone, else the heads
+    ("merge", "merge"),  # every round: the heads' tree with the lookup chain merged into it
 )
 LIVE_KEYS = ("temperature", "top_k", "top_p", "min_p")  # what moving a slider changes mid-run
 
@@ -45,6 +51,13 @@ def _number(name: str, value, lo: float, hi: float, integer: bool = False, lo_op
     return value if integer else float(value)
 
 
+def _lookup(value) -> int:
+    try:
+        return _number("lookup", value, 0, LOOKUP_MAX, integer=True)
+    except ValueError as e:
+        raise ValueError(f"{e} (prompt lookup tokens drafted per round; 0 = off)") from None
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the controls set. Validated by `Settings.validate`."""
@@ -58,14 +71,20 @@ class Settings:
     tree: str = "default"  # a draft_tree preset name, or "trained"
     acceptance: str = "lossless"  # "lossless", "greedy" or "typical" (lossy)
     speculative: bool = True
+    lookup: int = DEFAULT_LOOKUP  # prompt-lookup tokens drafted per round; 0 = off
+    lookup_mode: str = "first"  # "first" or "merge" (see LOOKUP_MODE_CHOICES)
 
     @classmethod
     def validate(cls, temperature, top_k, top_p, min_p, max_new_tokens=64, seed=0, tree="default",
-                 acceptance="lossless", speculative=True, trees=None) -> "Settings":
+                 acceptance="lossless", speculative=True, lookup=DEFAULT_LOOKUP, lookup_mode="first",
+                 trees=None) -> "Settings":
         """Check raw control values (from the UI or the API); raise ValueError naming the bad one."""
         rules = [v for _, v in ACCEPTANCE_CHOICES]
         if acceptance not in rules:
             raise ValueError(f"`acceptance` must be one of {rules}, got {acceptance!r}")
+        modes = [v for _, v in LOOKUP_MODE_CHOICES]
+        if lookup_mode not in modes:
+            raise ValueError(f"`lookup_mode` must be one of {modes}, got {lookup_mode!r}")
         if trees is not None and tree not in trees:
             raise ValueError(f"`tree` must be one of {list(trees)}, got {tree!r}")
         if not isinstance(speculative, bool):
@@ -79,6 +98,7 @@ class Settings:
             max_new_tokens=_number("max_new_tokens", max_new_tokens, 1, MAX_NEW_TOKENS_MAX, integer=True),
             seed=_number("seed", seed, -1, SEED_MAX, integer=True),
             tree=tree, acceptance=acceptance, speculative=speculative,
+            lookup=_lookup(lookup), lookup_mode=lookup_mode,
         )
 
     def sampling_params(self, seed: int | None = None) -> SamplingParams:

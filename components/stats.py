@@ -24,6 +24,27 @@ def accepted_drafts(ev: RoundEvent) -> int:
     return sum(1 for t in ev.emitted if t.kind == "accepted")
 
 
+def accepted_sources(ev: RoundEvent) -> list[str]:
+    """Who drafted each accepted token the round emitted, in order: "heads" or "lookup".
+
+    The emitted accepted tokens are the accepted path after the root, cut at EOS or
+    max_new_tokens. A chain token merged into a matching head node counts for the heads.
+    """
+    n = accepted_drafts(ev)
+    if not ev.nodes:
+        return ["heads"] * n
+    return [ev.nodes[i].source for i in ev.accepted_path[1 : 1 + n]]
+
+
+def accepted_by_lookup(ev: RoundEvent) -> int:
+    """Accepted tokens of this round that prompt lookup drafted."""
+    return sum(1 for s in accepted_sources(ev) if s == "lookup")
+
+
+def lookup_nodes(ev: RoundEvent) -> int:
+    return sum(1 for n in ev.nodes if n.source == "lookup")
+
+
 def depth_acceptance(events: list[RoundEvent]) -> list[dict]:
     """Per tree depth d: how many speculative rounds had depth-d drafts, and in how many one was accepted.
 
@@ -69,6 +90,8 @@ def summarize(events: list[RoundEvent], wall_seconds: float | None = None) -> di
         "rounds": len(dec),
         "new_tokens": new,
         "accepted_drafts": sum(accepted_drafts(ev) for ev in dec),
+        "lookup_drafts": sum(accepted_by_lookup(ev) for ev in dec),  # of accepted_drafts
+        "lookup_rounds": sum(1 for ev in dec if lookup_nodes(ev)),  # rounds that drafted by prompt lookup
         "mean_accepted_length": (sum(len(ev.emitted) for ev in dec) / len(dec)) if dec else None,
         "engine_seconds": engine_s,
         "tokens_per_second": new / engine_s if engine_s > 0 else None,
@@ -96,6 +119,9 @@ def stats_markdown(s: dict, stopped: bool = False) -> str:
         f"mean accepted length **{_fmt(s['mean_accepted_length'])}** tokens/target forward "
         f"(over {s['rounds']} rounds, prefill excluded)",
         f"**{_fmt(s['tokens_per_second'], 1)}** tok/s (engine time)",
+        *([f"accepted drafts: {s['accepted_drafts'] - s['lookup_drafts']} by heads, "
+           f"**{s['lookup_drafts']}** by prompt lookup (which drafted in {s['lookup_rounds']} of the rounds)"]
+          if s.get("lookup_rounds") else []),
         f"rule: {rule}",
         f"status: **{status}**",
     ]

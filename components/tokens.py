@@ -11,6 +11,7 @@ import html
 from specdec import RoundEvent
 
 from .session import params_changed
+from .stats import accepted_sources
 
 KIND_LABELS = {
     "accepted": "accepted draft",
@@ -30,9 +31,13 @@ def _prob(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
-def token_title(round_index: int, kind: str, draft_prob: float | None, target_prob: float | None) -> str:
-    return (f"round {round_index} · {KIND_LABELS.get(kind, kind)} · "
-            f"draft q={_prob(draft_prob)} · target p={_prob(target_prob)}")
+def token_title(round_index: int, kind: str, draft_prob: float | None, target_prob: float | None,
+                source: str = "heads") -> str:
+    """The hover title of one token. A prompt-lookup draft has no q (it is a point mass): "-"."""
+    what = KIND_LABELS.get(kind, kind)
+    if source == "lookup":
+        return f"round {round_index} · {what} (prompt lookup) · draft q=- · target p={_prob(target_prob)}"
+    return f"round {round_index} · {what} · draft q={_prob(draft_prob)} · target p={_prob(target_prob)}"
 
 
 def _format_change(changes: dict[str, tuple]) -> str:
@@ -46,10 +51,13 @@ def render_round(event: RoundEvent, prev_params: dict | None = None) -> str:
     if changes:
         title = html.escape(f"settings changed before round {event.index}: {_format_change(changes)}", quote=True)
         out.append(f'<span class="sd-change" data-round="{event.index}" title="{title}">⚙</span>')
+    sources = iter(accepted_sources(event))  # the accepted tokens come first, in path order
     for tok in event.emitted:
         kind = tok.kind if tok.kind in KIND_COLORS else "baseline"
-        title = html.escape(token_title(event.index, kind, tok.draft_prob, tok.target_prob), quote=True)
-        classes = f"sd-tok sd-{kind}" + (" sd-nl" if "\n" in tok.text else "") + ("" if tok.text else " sd-partial")
+        source = next(sources, "heads") if tok.kind == "accepted" else "target"
+        title = html.escape(token_title(event.index, kind, tok.draft_prob, tok.target_prob, source), quote=True)
+        classes = (f"sd-tok sd-{kind}" + (" sd-lookup" if source == "lookup" else "")
+                   + (" sd-nl" if "\n" in tok.text else "") + ("" if tok.text else " sd-partial"))
         out.append(f'<span class="{classes}" data-round="{event.index}" title="{title}">'
                    f"{html.escape(tok.text, quote=False)}</span>")
     return "".join(out)
@@ -66,6 +74,7 @@ def render_tokens(events: list[RoundEvent]) -> str:
 
 def legend_html(kinds=("accepted", "correction", "bonus", "baseline")) -> str:
     items = "".join(f'<span class="sd-tok sd-{k}">{html.escape(KIND_LABELS[k])}</span>' for k in kinds)
+    items += '<span class="sd-tok sd-accepted sd-lookup">accepted draft from prompt lookup</span>'
     return (f'<div class="sd-legend"><b>Token origin:</b> {items}'
             f'<span class="sd-change">⚙</span> settings changed · hover a token for its round and '
             f"probabilities</div>")

@@ -79,7 +79,7 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
         name = getattr(model.config, "_name_or_path", "") or type(model).__name__
         hf_model = model.to(dev) if dtype is None else model.to(dev, resolve_dtype(dtype, dev))
     else:
-        name = name if model == str(DEFAULT_MODEL) else str(model)
+        name = "embedded" if str(model) == str(DEFAULT_MODEL) else str(model)
         looks_local = os.path.sep in str(model) or str(model).startswith(".") or os.path.exists(str(model))
         if looks_local and not os.path.isdir(str(model)):
             raise ValueError(f"`model` path {str(model)!r} does not exist")

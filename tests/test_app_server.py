@@ -67,6 +67,16 @@ def test_streams_round_by_round_and_matches_the_library(server):
     assert final[0].count('class="sd-tok') == 16  # coloured token spans
     assert json.loads(final[2]["plot"])["data"]  # the tree plot was sent
     assert "mean accepted length" in final[1]
+    # The prompt lookup controls come last in /generate (older clients that omit them get the defaults):
+    # here the lookup chain alone drafts (tree "none"), merged mode, 12 tokens a round.
+    lookup = dict(GREEDY, tree="none", lookup=12, lookup_mode="merge")
+    updates = list(client(url).submit(prompt=prompt, max_new_tokens=24, **lookup, api_name="/generate"))
+    ref = specdec.generate(loaded, prompt, max_new_tokens=24, tree="none", lookup=12, lookup_mode="merge")
+    assert round_json(updates[-1])["text"] == ref.text
+    assert any(round_json(u)["accepted_lookup"] > 0 for u in updates)
+    assert "by prompt lookup" in updates[-1][1]
+    plot = json.loads(updates[-1][2]["plot"])
+    assert any(t.get("name") == "prompt lookup" for t in plot["data"])
 
 
 @pytest.mark.timeout(90)
@@ -84,6 +94,10 @@ def test_bad_inputs_error_and_the_app_keeps_serving(server):
         (dict(prompt="ok", seed=-7), "minimum"),
         (dict(prompt="ok", tree="enormous"), ""),
         (dict(prompt="ok", acceptance="yolo"), ""),
+        (dict(prompt="ok", lookup=65), "maximum"),
+        (dict(prompt="ok", lookup=2.5), "`lookup` must be an integer"),
+        (dict(prompt="ok", lookup_mode="both"), "list of choices"),
+        (dict(prompt="ok", tree="none", lookup=0), "set prompt lookup tokens >= 1"),
     ]
     for kwargs, words in cases:
         with pytest.raises(AppError) as err:
@@ -166,7 +180,7 @@ def test_a_disconnected_client_frees_the_model(server):
     fn = next(d["id"] for d in client(url).config["dependencies"] if d.get("api_name") == "generate")
     session_hash = "disconnect-test"
     seed = 4242  # marks this run's events in SEEN
-    data = ["def fibonacci(n):", 0.0, 0, 1.0, 0.0, 500, seed, "small", "lossless", True, None]
+    data = ["def fibonacci(n):", 0.0, 0, 1.0, 0.0, 500, seed, "small", "lossless", True, 10, "first", None]
     api = url.rstrip("/") + "/gradio_api"
     httpx.post(f"{api}/queue/join", json={"data": data, "fn_index": fn, "session_hash": session_hash,
                                           "event_data": None, "trigger_id": None}).raise_for_status()

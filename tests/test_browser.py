@@ -13,6 +13,7 @@ import pytest
 import specdec
 from conftest import free_port
 from app import build_demo, launch_kwargs
+from specdec.lookup import DEFAULT_LOOKUP
 
 sync_api = pytest.importorskip("playwright.sync_api")
 
@@ -68,6 +69,10 @@ def test_generate_in_a_real_browser(url, browser):
         "() => [...document.querySelectorAll('#sampler-plot .gtitle')].some(t => t.textContent.includes('top-k 3'))",
         timeout=30_000)
     assert page.locator("#sampler-plot .gtitle").first.text_content().count("3 of top 20 kept") == 1
+
+    # The prompt lookup controls sit with the tree controls, at their defaults.
+    assert page.locator("#lookup input[type=number]").input_value() == str(DEFAULT_LOOKUP)
+    assert page.locator("#lookup-mode input[value=first]").is_checked()
 
     prompt.fill("class Stack:")
     set_number(page, "max-new", 24)

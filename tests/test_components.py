@@ -10,15 +10,16 @@ import specdec
 from components import plots
 from components.handlers import Handlers, Throttle, round_markdown
 from components.session import Session, Settings, params_changed
-from components.stats import change_rounds, depth_acceptance, stats_markdown, summarize
+from components.stats import accepted_by_lookup, change_rounds, depth_acceptance, stats_markdown, summarize
 from components.tokens import KIND_COLORS, legend_html, render_round, render_tokens
 from specdec import EmittedToken, RoundEvent, TreeNode
+from specdec.lookup import DEFAULT_LOOKUP
 
 P0 = {"temperature": 0.7, "top_k": 50, "top_p": 0.95, "min_p": 0.0, "seed": 1}
 
 
-def node(tok, text, parent, depth, rank, q, p, status):
-    return TreeNode(tok, text, parent, depth, rank, q, p, status)
+def node(tok, text, parent, depth, rank, q, p, status, source="heads"):
+    return TreeNode(tok, text, parent, depth, rank, q, p, status, "root" if parent < 0 else source)
 
 
 def tree_event(index: int = 1, params: dict | None = None) -> RoundEvent:
@@ -113,6 +114,80 @@ def test_tree_layout_centres_parents_between_children():
     xs2, ys2 = plots.tree_layout(ev, extra_child_of=4)  # the target's token gets a row of its own
     assert xs2[-1] == 3.0 and len(set(ys2[i] for i in (3, 5, 6, 7))) == 4
     assert ys2[4] == pytest.approx((ys2[5] + ys2[7]) / 2)
+
+
+def lookup_event() -> RoundEvent:
+    """Two head drafts under the root and, listed after them, an 8-token lookup chain grafted below the root.
+
+    Node ids: 0 root, 1 'a' (d1 r0, rejected), 2 'b' (d1 r1, not reached), 3..10 the chain (rank -1):
+    3..7 accepted, 8 rejected, 9 and 10 not reached. A correction follows node 7.
+    """
+    nodes = [node(10, "x", -1, 0, -1, None, None, "root"),
+             node(11, "a", 0, 1, 0, 0.5, 0.1, "rejected"),
+             node(12, "b", 0, 1, 1, 0.2, None, "not_reached")]
+    for k in range(8):
+        status = "accepted" if k < 5 else "rejected" if k == 5 else "not_reached"
+        nodes.append(node(20 + k, f"t{k}", 0 if k == 0 else 2 + k, k + 1, -1, None,
+                          0.9 if k <= 5 else None, status, "lookup"))
+    emitted = tuple(EmittedToken(20 + k, f"t{k}", "accepted", None, 0.9) for k in range(5)) + \
+        (EmittedToken(30, "!", "correction", None, 0.4),)
+    return RoundEvent(1, tuple(nodes), (0, 3, 4, 5, 6, 7), emitted, dict(P0), "lossless", True,
+                      {"draft": 1.0, "forward": 8.0, "verify": 1.0, "total": 10.0}, 7)
+
+
+def test_tree_figure_draws_prompt_lookup_nodes_apart():
+    ev = lookup_event()
+    fig = plots.tree_figure(ev)
+    lookup = [t for t in fig.data if t.name == "prompt lookup"]
+    legend, data = lookup  # a legend-only entry, then the nodes
+    assert legend.showlegend is not False and legend.x == (None,) and legend.marker.symbol == plots.LOOKUP_SYMBOL
+    assert data.showlegend is False and data.legendgroup == legend.legendgroup == "lookup"
+    assert [c[7] for c in data.customdata] == list(range(3, 11))
+    assert data.marker.symbol == plots.LOOKUP_SYMBOL and data.marker.line.color == plots.LOOKUP_COLOR
+    assert list(data.marker.color[:6]) == [plots.STATUS_COLORS["accepted"]] * 5 + [plots.STATUS_COLORS["rejected"]]
+    # hover: "prompt lookup" instead of a head and rank, q shown as "-"
+    assert "prompt lookup" in data.hovertemplate and "head" not in data.hovertemplate
+    assert data.customdata[0][2] == "prompt lookup" and data.customdata[0][4] == "-"
+    assert data.customdata[0][8] == "accepted" and data.customdata[6][8] == "not reached"
+    # the status traces keep the head drafts only
+    traces = by_name(fig)
+    assert [c[7] for c in traces["rejected"].customdata] == [1]
+    assert [c[7] for c in traces["not reached"].customdata] == [2]
+    assert "accepted" not in traces  # only lookup nodes were accepted
+    assert list(traces["lookup edges"].x).count(None) == 3  # chain edges off the accepted path
+    assert list(traces["accepted path"].x).count(None) == 5
+    assert "accepted 5 of 10 drafts (5 of 8 from prompt lookup)" in fig.layout.title.text
+    assert "squares = prompt lookup" in fig.layout.title.text
+    # deep trees: the axis reaches the chain's end and the correction after node 7, labels stay short
+    assert fig.layout.xaxis.range[1] >= 8.5 and fig.layout.xaxis.dtick == 1
+
+
+def test_tree_layout_puts_the_lookup_chain_on_top():
+    ev = lookup_event()
+    xs, ys = plots.tree_layout(ev)
+    assert xs[3:] == [float(d) for d in range(1, 9)]
+    assert ys[3] > ys[1] > ys[2]  # rank -1 (lookup) above rank 0 above rank 1
+    assert len(set(ys[i] for i in (1, 2, 10))) == 3 and len(set(ys[3:])) == 1  # the chain is one row
+    xs2, ys2 = plots.tree_layout(ev, extra_child_of=7)
+    assert xs2[-1] == 6.0 and ys2[-1] < ys2[8]  # the correction below the chain's next node
+
+
+def test_lookup_drafts_in_stats_tokens_and_charts():
+    events = [prefill_event(), tree_event(1), lookup_event()]
+    assert accepted_by_lookup(lookup_event()) == 5 and accepted_by_lookup(tree_event()) == 0
+    s = summarize(events)
+    assert s["accepted_drafts"] == 7 and s["lookup_drafts"] == 5 and s["lookup_rounds"] == 1
+    assert "accepted drafts: 2 by heads, **5** by prompt lookup (which drafted in 1 of the rounds)" in stats_markdown(s)
+    assert "prompt lookup" not in stats_markdown(summarize(run_events()))
+    out = render_round(lookup_event())
+    assert out.count("sd-lookup") == 5
+    assert 'title="round 1 · accepted draft (prompt lookup) · draft q=- · target p=0.900"' in out
+    assert "sd-lookup" not in render_round(tree_event())
+    t = by_name(plots.accepted_length_figure(events))
+    assert list(t["accepted drafts (heads)"].y) == [2, 0]
+    assert list(t["accepted drafts (prompt lookup)"].y) == [0, 5]
+    assert "sd-lookup" in legend_html()
+    assert "(10 drafts, 8 by prompt lookup, 5 of them accepted)" in round_markdown(lookup_event())
 
 
 def test_tree_figure_without_tree_says_why():
@@ -248,7 +323,8 @@ def test_settings_validate_names_the_bad_value():
     assert ok.top_k == 10 and isinstance(ok.top_k, int) and ok.max_new_tokens == 32 and ok.seed == 3
     bad = [dict(temperature=-1), dict(temperature=float("nan")), dict(top_k=1.5), dict(top_k=-1), dict(top_p=0),
            dict(min_p=2), dict(max_new_tokens=0), dict(seed=-2), dict(acceptance="fast"), dict(tree="huge"),
-           dict(temperature="hot"), dict(speculative="yes")]
+           dict(temperature="hot"), dict(speculative="yes"), dict(lookup=-1), dict(lookup=65), dict(lookup=2.5),
+           dict(lookup="ten"), dict(lookup=None), dict(lookup=True), dict(lookup_mode="both"), dict(lookup_mode=None)]
     base = dict(temperature=0.5, top_k=0, top_p=1.0, min_p=0.0, max_new_tokens=8, seed=0, tree="small",
                 acceptance="lossless", speculative=True)
     for change in bad:
@@ -291,7 +367,7 @@ def handlers() -> Handlers:
 
 
 CONTROLS = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, max_new_tokens=10, seed=0, tree="chain",
-                acceptance="lossless", speculative=True)
+                acceptance="lossless", speculative=True, lookup=DEFAULT_LOOKUP, lookup_mode="first")
 
 
 def test_handler_generate_matches_the_library(handlers):
@@ -357,3 +433,65 @@ def test_fast_rounds_are_batched_into_fewer_updates(handlers):
     assert len(updates) == 2  # the first round, then the final update with everything
     assert updates[-1][-1]["new_tokens"] == 12 and updates[-1][0].count("sd-tok") == 12
     assert isinstance(updates[0][2], go.Figure)  # figures come with the first update too
+
+
+# -- prompt lookup on the embedded model -------------------------------------------------
+
+def test_real_lookup_rounds_are_drawn_as_prompt_lookup(handlers):
+    engine = handlers.loaded.engine
+    ids = handlers.encode("def fibonacci(n):")
+    for mode in ("first", "merge"):
+        events = list(engine.stream(ids, 48, tree="auto", lookup=10, lookup_mode=mode))
+        rounds = [ev for ev in events if any(n.source == "lookup" for n in ev.nodes)]
+        assert rounds, f"no round drafted by prompt lookup ({mode})"
+        ev = max(rounds, key=lambda e: len(e.nodes))
+        looked_up = [i for i, n in enumerate(ev.nodes) if n.source == "lookup"]
+        assert all(ev.nodes[i].rank == -1 and ev.nodes[i].draft_prob is None for i in looked_up)
+        fig = plots.tree_figure(ev)
+        data = [t for t in fig.data if t.name == "prompt lookup"][-1]
+        assert [c[7] for c in data.customdata] == looked_up
+        assert all(c[2] == "prompt lookup" and c[4] == "-" for c in data.customdata)
+        others = [c[7] for t in fig.data if t.name in plots.STATUS_NAMES.values() for c in t.customdata]
+        assert sorted(others + looked_up) == list(range(len(ev.nodes)))
+        assert "from prompt lookup" in fig.layout.title.text
+        xs, ys = plots.tree_layout(ev)
+        top = max(n.depth for n in ev.nodes)
+        assert top > 4 and fig.layout.xaxis.range[1] >= top + 0.5  # deeper than the heads' tree
+        first = looked_up[0]  # the chain's first node is its parent's top child
+        siblings = [i for i, n in enumerate(ev.nodes) if n.parent == ev.nodes[first].parent]
+        assert ys[first] == max(ys[i] for i in siblings)
+        if mode == "merge":
+            assert any(n.source == "heads" for n in ev.nodes)
+        assert sum(accepted_by_lookup(e) for e in events) > 0
+        assert summarize(events)["lookup_drafts"] > 0
+
+
+def test_handler_lookup_settings_and_errors(handlers):
+    prompt = "def fibonacci(n):"
+    session = Session()
+    lookup_only = {**CONTROLS, "tree": "none", "lookup": 8, "lookup_mode": "merge", "max_new_tokens": 24}
+    final = list(handlers.generate(prompt, *lookup_only.values(), session))[-1]
+    ref = specdec.generate(handlers.loaded, prompt, max_new_tokens=24, tree="none", lookup=8, lookup_mode="merge")
+    assert final[-1]["text"] == ref.text
+    assert session.run.settings.lookup == 8 and session.run.settings.lookup_mode == "merge"
+    assert all(n.source != "heads" for ev in session.run.events for n in ev.nodes)  # tree "none": lookup only
+    assert "by prompt lookup" in final[1]
+    # plain decoding ignores prompt lookup
+    plain = list(handlers.generate(prompt, *{**lookup_only, "speculative": False, "lookup": 64}.values(),
+                                   session))[-1]
+    assert plain[-1]["text"] == ref.text and not any(ev.nodes for ev in session.run.events)
+    assert {k for ev in session.run.events for k in (t.kind for t in ev.emitted)} == {"baseline"}
+    for change, words in (({"lookup": 65}, "`lookup` must be in [0, 64]"), ({"lookup": 1.5}, "must be an integer"),
+                          ({"lookup": "many"}, "`lookup` must be a number"),
+                          ({"lookup_mode": "both"}, "`lookup_mode` must be one of ['first', 'merge']"),
+                          ({"tree": "none", "lookup": 0}, "drafts nothing")):
+        with pytest.raises(gr.Error, match="lookup|drafts nothing") as err:
+            next(handlers.generate(prompt, *{**CONTROLS, **change}.values(), session))
+        assert words in err.value.message, (change, err.value.message)
+        with pytest.raises(gr.Error):
+            next(handlers.compare(prompt, *{**CONTROLS, **change}.values(), session))
+    # the tree "none" with speculation off needs no lookup
+    out = list(handlers.generate(prompt, *{**CONTROLS, "tree": "none", "lookup": 0, "speculative": False}.values(),
+                                 session))[-1]
+    assert out[-1]["new_tokens"] == 10
+    assert ("none (root only: prompt lookup drafts everything)", "none") in handlers.tree_choices
