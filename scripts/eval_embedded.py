@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=48)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--tree", default="auto")
+    ap.add_argument("--lookup", type=int, default=0, help="prompt-lookup tokens (0: the heads alone, the default here)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -43,13 +44,14 @@ def main() -> None:
     prompts = [("valid", ids) for ids in held] + [("demo", loaded.tokenizer(p)["input_ids"]) for p in DEMO]
     rows = []
     for kind, ids in prompts:
-        spec = specdec.generate(loaded, prompt_ids=ids, max_new_tokens=a.max_new_tokens, tree=a.tree)
+        spec = specdec.generate(loaded, prompt_ids=ids, max_new_tokens=a.max_new_tokens, tree=a.tree,
+                                lookup=a.lookup)
         plain = specdec.generate(loaded, prompt_ids=ids, max_new_tokens=a.max_new_tokens, speculative=False)
         rows.append({"kind": kind, "mean_accepted_length": spec.stats["mean_accepted_length"],
                      "identical": spec.token_ids == plain.token_ids, "new_tokens": spec.stats["new_tokens"]})
         print(f"{kind:5s} L={spec.stats['mean_accepted_length']:.2f} identical={rows[-1]['identical']}")
     held_rows = [r for r in rows if r["kind"] == "valid"]
-    out = {"held_out_prompts": len(held_rows), "max_new_tokens": a.max_new_tokens, "tree": a.tree,
+    out = {"held_out_prompts": len(held_rows), "max_new_tokens": a.max_new_tokens, "tree": a.tree, "lookup": a.lookup,
            "mean_accepted_length_held_out": statistics.mean(r["mean_accepted_length"] for r in held_rows),
            "mean_accepted_length_demo": statistics.mean(r["mean_accepted_length"] for r in rows if r["kind"] == "demo"),
            "all_identical_to_plain_greedy": all(r["identical"] for r in rows), "rows": rows}

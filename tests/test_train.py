@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -46,6 +47,22 @@ def test_heads_command_trains_for_a_model_path(tiny_model_dir, tmp_path):
     loaded = specdec.load(str(tiny_model_dir), heads=str(out / "heads"))
     res = specdec.generate(loaded, prompt="def f(x):", max_new_tokens=8)
     assert res.stats["new_tokens"] == 8
+
+    # then pick the tree by measured end-to-end speed on a held-out split
+    data = tmp_path / "data"
+    data.mkdir()
+    np.save(data / "valid.npy", np.random.default_rng(0).integers(0, 4000, 400).astype(np.uint16))
+    rc = train_main(["tree", "--model", str(tiny_model_dir), "--heads", str(out / "heads"), "--variant", "heads",
+                     "--measure", str(data), "--measure-prompts", "2", "--measure-tokens", "6"])
+    assert rc == 0
+    choice = json.loads((out / "heads" / "tree_choice.json").read_text())
+    assert choice["chosen_by"].startswith("measured")
+    rows = choice["candidates"]
+    assert all(r["measured_tok_s"] > 0 and r["measured_lookup"] == 10 for r in rows)
+    best = max(rows, key=lambda r: r["measured_tok_s"])
+    assert choice["chosen_nodes"] == best["nodes"]
+    _, tree = load_heads(out / "heads", model)
+    assert [list(p) for p in tree] == best["paths"]
 
 
 def test_heads_command_rejects_a_missing_model_path(tmp_path):

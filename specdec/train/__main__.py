@@ -74,6 +74,11 @@ def main(argv=None) -> int:
     tr.add_argument("--heads", required=True, help="heads folder with heads_metrics.json beside or inside it")
     tr.add_argument("--variant", default=None, help="variant key inside heads_metrics.json")
     tr.add_argument("--threads", type=int, default=0)
+    tr.add_argument("--measure", default=None,
+                    help="a data folder (from `data`): pick by measured end-to-end tokens/s on its held-out split")
+    tr.add_argument("--measure-prompts", type=int, default=8)
+    tr.add_argument("--measure-tokens", type=int, default=96)
+    tr.add_argument("--lookup", type=int, default=10, help="prompt lookup while measuring (the product default)")
 
     a = ap.parse_args(argv)
     if a.cmd == "tree":
@@ -142,12 +147,29 @@ def _tree(a) -> int:
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
     heads, _ = load_heads(heads_dir, model)
     result = choose_tree(acc, model)
+    if a.measure:
+        import numpy as np
+
+        from .. import api
+        from .medusa import measure_trees
+        valid = np.load(Path(a.measure) / "valid.npy", mmap_mode="r")
+        stride = len(valid) // a.measure_prompts
+        prompts = [[int(t) for t in valid[i * stride : i * stride + 32]] for i in range(a.measure_prompts)]
+        loaded = api.load(a.model, heads_dir, device="cpu", dtype="float32")
+        measure_trees(loaded.engine, result["candidates"], prompts, a.measure_tokens, a.lookup)
+        result["chosen_by"] = (f"measured greedy tok/s, {a.measure_prompts} held-out prompts x {a.measure_tokens} "
+                               f"tokens, lookup={a.lookup}")
+        result["chosen_nodes"] = max(result["candidates"], key=lambda r: r["measured_tok_s"])["nodes"]
+    else:
+        result["chosen_by"] = "expected length per forward ms"
     best = next(r for r in result["candidates"] if r["nodes"] == result["chosen_nodes"])
     heads.save(heads_dir, [tuple(p) for p in best["paths"]], dtype=torch.float16)
     (heads_dir / "tree_choice.json").write_text(json.dumps(result, indent=2) + "\n")
     for r in result["candidates"]:
         print(f"{r['nodes']:3d} nodes  E[L]={r['expected_length']:.2f}  forward={r['forward_ms']:.1f} ms  "
-              f"{r['tokens_per_ms']:.3f} tok/ms" + ("  <- chosen" if r["nodes"] == result["chosen_nodes"] else ""))
+              f"{r['tokens_per_ms']:.3f} tok/ms"
+              + (f"  measured {r['measured_tok_s']:.0f} tok/s" if "measured_tok_s" in r else "")
+              + ("  <- chosen" if r["nodes"] == result["chosen_nodes"] else ""))
     return 0
 
 

@@ -247,3 +247,32 @@ def choose_tree(acc: list[list[float]], model, budgets=(3, 7, 11, 15, 23, 31, 47
                      "paths": [list(p) for p in paths]})
     best = max(rows, key=lambda r: r["tokens_per_ms"])
     return {"chosen_nodes": best["nodes"], "candidates": rows}
+
+
+def measure_trees(engine, rows: list[dict], prompts: list[list[int]], new_tokens: int, lookup: int,
+                  repeats: int = 3) -> None:
+    """Add each candidate's measured end-to-end greedy tokens/s to its row (in place).
+
+    The E[L]-per-forward-ms model leaves out what a round costs besides the
+    forward (the heads, verification, prompt-lookup rounds that skip the
+    heads), so the final pick runs the engine itself: every candidate on the
+    same held-out prompts, interleaved, median over repeats after a warm-up.
+    """
+    def run(paths) -> float:
+        t = time.perf_counter()
+        for ids in prompts:
+            for _ in engine.stream(ids, new_tokens, tree=[tuple(p) for p in paths], lookup=lookup,
+                                   eos_token_id=None):
+                pass
+        return len(prompts) * new_tokens / (time.perf_counter() - t)
+
+    for r in rows:
+        run(r["paths"])  # warm-up
+    speeds: list[list[float]] = [[] for _ in rows]
+    for rep in range(repeats):
+        order = list(range(len(rows)))[rep % len(rows):] + list(range(len(rows)))[: rep % len(rows)]
+        for i in order:
+            speeds[i].append(run(rows[i]["paths"]))
+    for r, s in zip(rows, speeds):
+        r["measured_tok_s"] = float(np.median(s))
+        r["measured_lookup"] = lookup
