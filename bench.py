@@ -50,6 +50,7 @@ import torch
 import specdec
 from specdec.api import DEFAULT_MODEL, resolve_dtype
 from specdec.heads import HeadsConfig, MedusaHeads
+from specdec.lookup import DEFAULT_LOOKUP
 
 # Held-out Python prompts: hand-written, not taken from the training corpus
 # (which is the Python source of installed packages). --quick uses the first 4.
@@ -79,7 +80,7 @@ class Method:
     sampling: bool  # False: greedy
     tree: str | None = None  # engine tree preset; None: speculative=False
     prompt_lookup: bool = False  # HF assisted generation with the n-gram drafter
-    lookup: int = 0  # engine: prompt-lookup tokens drafted per round
+    lookup: bool = False  # engine: draft with prompt lookup (`--lookup` tokens, as HF's prompt lookup gets)
     lookup_mode: str = "first"
 
 
@@ -95,13 +96,13 @@ ALL_METHODS = (
     Method("trained_greedy", "specdec trained tree (auto) greedy", "engine", False, "trained"),
     Method("default_sample", "specdec default tree lossless sampling", "engine", True, "default"),
     Method("trained_sample", "specdec trained tree (auto) lossless sampling", "engine", True, "trained"),
-    Method("lookup_greedy", "specdec prompt lookup alone (no heads), greedy", "engine", False, "none", lookup=10),
+    Method("lookup_greedy", "specdec prompt lookup alone (no heads), greedy", "engine", False, "none", lookup=True),
     Method("merge_greedy", "specdec heads' tree with the lookup chain merged in, greedy", "engine", False, "auto",
-           lookup=10, lookup_mode="merge"),
+           lookup=True, lookup_mode="merge"),
     Method("hybrid_greedy", "specdec default: lookup first, else the heads' tree; greedy", "engine", False, "auto",
-           lookup=10),
+           lookup=True),
     Method("hybrid_sample", "specdec default: lookup first, else the heads' tree; lossless sampling", "engine", True,
-           "auto", lookup=10),
+           "auto", lookup=True),
 )
 
 # Issue 5's targets: (name, numerator method, denominator method, minimum ratio).
@@ -132,7 +133,7 @@ class BenchConfig:
     methods: tuple[str, ...] | None = None  # None: all that the heads allow
     temperature: float = 0.7  # sampling methods, HF and ours alike
     top_p: float = 0.9
-    prompt_lookup_num_tokens: int = 10  # HF's documented example value
+    lookup: int = DEFAULT_LOOKUP  # prompt-lookup tokens per round, for HF's prompt lookup and ours alike
     stop_at_eos: bool = False  # False: every method decodes exactly max_new_tokens
     threads: int | None = None  # torch CPU threads (default: all cores)
     seed: int = 0
@@ -323,7 +324,7 @@ def run_hf(loaded: specdec.Loaded, ids: list[int], m: Method, cfg: BenchConfig, 
     if m.sampling:
         gc_kw.update(temperature=cfg.temperature, top_p=cfg.top_p, top_k=0)  # HF's default top_k is 50
     if m.prompt_lookup:
-        gc_kw.update(prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens)
+        gc_kw.update(prompt_lookup_num_tokens=cfg.lookup)
     x = torch.tensor([ids], device=dev)
     mask, config = torch.ones_like(x), GenerationConfig(**gc_kw)
     torch.manual_seed(seed)
@@ -358,7 +359,7 @@ def run_engine(loaded: specdec.Loaded, ids: list[int], m: Method, cfg: BenchConf
                            temperature=cfg.temperature if m.sampling else 0.0,
                            top_p=cfg.top_p if m.sampling else 1.0, seed=seed,
                            tree=m.tree or "auto", speculative=m.tree is not None, on_round=on_round,
-                           eos_token_id="auto" if cfg.stop_at_eos else None, lookup=m.lookup,
+                           eos_token_id="auto" if cfg.stop_at_eos else None, lookup=cfg.lookup if m.lookup else 0,
                            lookup_mode=m.lookup_mode)
     _sync(loaded.device)
     seconds = time.perf_counter() - t0
@@ -512,7 +513,7 @@ def benchmark(cfg: BenchConfig, loaded: specdec.Loaded | None = None, oracle: Or
 
     ref = [r.token_ids for r in runs["hf_greedy"][0]]
     rows = [summarize_method(m, runs[m.id], ref, tok if loaded.tokenizer is not None else None, memory[m.id][0],
-                             loaded) for m in methods]
+                             loaded, cfg.lookup) for m in methods]
     base = {r["id"]: r for r in rows}
     for r in rows:
         r["speedup_vs_hf_greedy"] = _ratio(r["tok_s_median"], base["hf_greedy"]["tok_s_median"])
@@ -531,7 +532,8 @@ def _ratio(a, b):
     return a / b if a is not None and b else None
 
 
-def summarize_method(m: Method, reps: list[list[Run]], ref: list[list[int]], tok, mem_mb, loaded) -> dict:
+def summarize_method(m: Method, reps: list[list[Run]], ref: list[list[int]], tok, mem_mb, loaded,
+                     lookup: int = DEFAULT_LOOKUP) -> dict:
     """Aggregate one method's runs into the reported figures."""
     tok_s = [sum(len(r.token_ids) for r in rep) / sum(r.seconds for r in rep) for rep in reps]
     flat = [r for rep in reps for r in rep]
@@ -560,7 +562,7 @@ def summarize_method(m: Method, reps: list[list[Run]], ref: list[list[int]], tok
     }
     if m.tree is not None:
         row["tree_nodes"] = loaded.engine.resolve_tree(m.tree).num_nodes
-        row["lookup"], row["lookup_mode"] = m.lookup, m.lookup_mode
+        row["lookup"], row["lookup_mode"] = (lookup if m.lookup else 0), m.lookup_mode
     if m.backend == "engine":
         rounds = sum(r.rounds for r in flat)
         st = {k: sum(r.stage_ms.get(k, 0.0) for r in flat) for k in STAGES + ("total",)}
@@ -622,7 +624,7 @@ def machine_meta(cfg: BenchConfig, loaded, oracle, memory, n_prompts: int, elaps
         "trained_tree_nodes": len(loaded.tree_paths) + 1 if loaded.tree_paths else None,
         "prompts": n_prompts, "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats, "warmup": cfg.warmup,
         "sampling": {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0},
-        "prompt_lookup_num_tokens": cfg.prompt_lookup_num_tokens, "stop_at_eos": cfg.stop_at_eos,
+        "prompt_lookup_num_tokens": cfg.lookup, "stop_at_eos": cfg.stop_at_eos,
         "load_average_after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "memory_method": next(iter(memory.values()))[1] if memory else None,
     }
@@ -842,6 +844,8 @@ def parse_args(argv=None) -> tuple[BenchConfig, argparse.Namespace]:
     ap.add_argument("--methods", default=None, help="comma-separated method ids (default: all)")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--top-p", type=float, default=0.9)
+    ap.add_argument("--lookup", type=int, default=DEFAULT_LOOKUP,
+                    help=f"prompt-lookup tokens per round, for HF's prompt lookup and ours alike (default {DEFAULT_LOOKUP})")
     ap.add_argument("--stop-at-eos", action="store_true", help="stop at EOS (default: decode exactly N tokens)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     ap.add_argument("--seed", type=int, default=0)
@@ -856,7 +860,7 @@ def parse_args(argv=None) -> tuple[BenchConfig, argparse.Namespace]:
         max_new_tokens=a.max_new_tokens or (64 if a.quick else 128), repeats=a.repeats or (2 if a.quick else 3),
         warmup=a.warmup, methods=tuple(a.methods.split(",")) if a.methods else None, temperature=a.temperature,
         top_p=a.top_p, stop_at_eos=a.stop_at_eos, threads=a.threads or (os.cpu_count() if device == "cpu" else None),
-        seed=a.seed)
+        seed=a.seed, lookup=a.lookup)
     return cfg, a
 
 

@@ -81,17 +81,38 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
         x = x.masked_fill(x < kth, float("-inf"))  # ties with the k-th are kept, as in HF
     if params.top_p < 1:
-        sorted_x, order = torch.sort(x, dim=-1, descending=True)
-        probs = torch.softmax(sorted_x, dim=-1)
-        mass_before = torch.cumsum(probs, dim=-1) - probs  # mass of strictly more likely tokens
-        drop_sorted = mass_before >= params.top_p  # never true for the first token
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        x = x.masked_fill(drop, float("-inf"))
+        x = _top_p(x, params.top_p)
     if params.min_p > 0:
         probs = torch.softmax(x, dim=-1)
         threshold = params.min_p * probs.amax(dim=-1, keepdim=True)
         x = x.masked_fill(probs < threshold, float("-inf"))
     return x
+
+
+_TOP_P_PREFIX = 256  # tokens sorted first; the nucleus almost always ends inside them
+
+
+def _top_p(x: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p. x: [..., V] float32.
+
+    A token is dropped when the mass of the tokens sorted before it already
+    reaches top_p (so the most likely token always stays). Sorting the whole
+    vocabulary costs more than the rest of a sampling step on a CPU, so we
+    sort only the top `_TOP_P_PREFIX` tokens (one `topk`); when the nucleus
+    ends inside that prefix, every later token is dropped anyway and the
+    result equals the full sort's. Otherwise we fall back to the full sort.
+    """
+    V = x.shape[-1]
+    k = min(V, _TOP_P_PREFIX)
+    top_x, order = torch.topk(x, k, dim=-1)  # [..., k], descending
+    probs = (top_x - torch.logsumexp(x, dim=-1, keepdim=True)).exp()
+    mass_before = torch.cumsum(probs, dim=-1) - probs  # mass of the tokens sorted before each one
+    if k < V and not bool((mass_before[..., -1] >= top_p).all()):
+        top_x, order = torch.sort(x, dim=-1, descending=True)  # a flat distribution: sort it all
+        probs = torch.softmax(top_x, dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+    keep = torch.zeros(x.shape, dtype=torch.bool, device=x.device).scatter(-1, order, mass_before < top_p)
+    return x.masked_fill(~keep, float("-inf"))
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

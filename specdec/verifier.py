@@ -122,32 +122,50 @@ def verify(tokens: list[int], tree: Tree, logits_at: Callable[[int], torch.Tenso
             if chosen is None:
                 return Verdict(tuple(accepted), tok, "correction" if kids else "bonus", float(p[tok]), target_prob,
                                tuple(rejected))
-        else:
+        elif rule == "typical":
             p = target_probs(row, params)  # [V] float32, the filtered target law
-            chosen, r = None, p
-            if rule == "typical":
-                entropy = -(p * torch.log(p.clamp_min(1e-30))).sum().item()
-                threshold = min(typical_eps, typical_delta * math.exp(-entropy))
+            chosen = None
+            entropy = -(p * torch.log(p.clamp_min(1e-30))).sum().item()
+            threshold = min(typical_eps, typical_delta * math.exp(-entropy))
             for c in kids:
-                x = tokens[c]
-                target_prob[c] = float(p[x])
-                if rule == "typical":
-                    if float(p[x]) > threshold:
-                        chosen = c
-                        break
-                    rejected.append(c)
-                    continue
-                u = float(torch.rand((), generator=generator, device=r.device))
-                if u < float(r[x]):
+                target_prob[c] = float(p[tokens[c]])
+                if target_prob[c] > threshold:
                     chosen = c
                     break
                 rejected.append(c)
-                # Remove x and renormalise. r(x) < 1 here (u < 1 always), so mass remains.
-                r = r.clone()
-                r[x] = 0.0
-                r = r / r.sum()
             if chosen is None:
+                tok = sample(p, generator)
+                return Verdict(tuple(accepted), tok, "correction" if kids else "bonus", float(p[tok]), target_prob,
+                               tuple(rejected))
+        else:
+            p = target_probs(row, params)  # [V] float32, the filtered target law
+            chosen, gone = None, []
+            if kids:
+                # One gather and one batch of uniforms per node; the walk is then plain floats.
+                # Removing a rejected x from r and renormalising makes r(y) = p(y) / (1 - mass
+                # removed so far), so r never has to be materialised until a correction is drawn.
+                toks = [tokens[c] for c in kids]
+                px = p[torch.tensor(toks, device=p.device)].tolist()
+                us = torch.rand(len(kids), generator=generator, device=p.device).tolist()
+                removed = 0.0
+                for c, x, pc, u in zip(kids, toks, px, us):
+                    target_prob[c] = pc
+                    left = 1.0 - removed
+                    r = 0.0 if x in gone else (1.0 if pc >= left else pc / left)  # x holds all the rest: r = 1
+                    if u < r:
+                        chosen = c
+                        break
+                    rejected.append(c)
+                    if x not in gone:
+                        gone.append(x)
+                        removed += pc
+            if chosen is None:
+                r = p
+                if gone:  # the residual law: p without the rejected tokens (multinomial renormalises)
+                    r = p.clone()
+                    r[torch.tensor(gone, device=p.device)] = 0.0
                 tok = sample(r, generator)
-                return Verdict(tuple(accepted), tok, "correction" if kids else "bonus", float(p[tok]), target_prob, tuple(rejected))
+                return Verdict(tuple(accepted), tok, "correction" if kids else "bonus", float(p[tok]), target_prob,
+                               tuple(rejected))
         accepted.append(chosen)
         node = chosen

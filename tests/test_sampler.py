@@ -253,3 +253,19 @@ def test_generate_rejects_bad_prompts(loaded_llama, speculative):
     # the longest legal prompt still works and respects the context
     out = specdec.generate(loaded_llama, prompt_ids=[1] * (limit - 1), max_new_tokens=5, speculative=speculative)
     assert 1 <= len(out.token_ids) <= 5
+
+
+@pytest.mark.parametrize("scale", [0.05, 1.0, 8.0])  # flat (full-sort fallback) to peaked (prefix only)
+def test_fast_top_p_equals_full_sort(scale):
+    """The top-k prefix shortcut keeps exactly the tokens a full sort keeps."""
+    import specdec.sampler as sampler_mod
+    g = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        x = torch.randn(3, 4096, generator=g) * scale
+        for top_p in (0.5, 0.9, 0.99):
+            fast = sampler_mod._top_p(x, top_p)
+            order = torch.sort(x, dim=-1, descending=True)
+            probs = torch.softmax(order.values, -1)
+            keep_sorted = (torch.cumsum(probs, -1) - probs) < top_p
+            keep = torch.zeros_like(keep_sorted).scatter(-1, order.indices, keep_sorted)
+            assert torch.equal(torch.isfinite(fast), keep), (scale, trial, top_p)
