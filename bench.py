@@ -458,8 +458,13 @@ def _per_token_ms(run: Run) -> tuple[list[float], float | None]:
 
 
 def benchmark(cfg: BenchConfig, loaded: specdec.Loaded | None = None, oracle: OracleHeads | None = None,
-              log=print) -> dict:
-    """Run every method on every prompt; return the results as plain values (the JSON report)."""
+              log=print, checkpoint=None) -> dict:
+    """Run every method on every prompt; return the results as plain values (the JSON report).
+
+    `checkpoint(result)`, if given, receives a partial result after every repeat (medians over the
+    repeats so far, no memory figures, meta["partial"] set), so a run cut short by a time limit,
+    as on a lent GPU, still leaves numbers behind.
+    """
     started = time.perf_counter()
     if cfg.max_new_tokens < 2 or cfg.repeats < 1 or cfg.warmup < 0:
         raise ValueError(f"need max_new_tokens >= 2, repeats >= 1, warmup >= 0; got {cfg.max_new_tokens}, "
@@ -506,11 +511,22 @@ def benchmark(cfg: BenchConfig, loaded: specdec.Loaded | None = None, oracle: Or
                 seed = cfg.seed + 1000 * rep + pi
                 runs[m.id][rep].append(run_method(loaded, ids, m, cfg, seed, N, oracle, conts[pi], pi))
         log(f"  repeat {rep + 1}/{cfg.repeats}: {time.perf_counter() - t_rep:.1f}s")
+        if checkpoint is not None and rep + 1 < cfg.repeats:
+            done = {k: v[: rep + 1] for k, v in runs.items()}
+            partial = _assemble(cfg, loaded, oracle, methods, done, {m.id: (None, "") for m in methods}, tok,
+                                len(prompts), started)
+            partial["meta"]["partial"] = f"{rep + 1} of {cfg.repeats} repeats"
+            checkpoint(partial)
     memory = {}  # last: the CPU measurement changes malloc settings (see peak_memory_mb)
     for m in methods:
         memory[m.id] = peak_memory_mb(lambda: run_method(loaded, prompts[0], m, cfg, cfg.seed, N, oracle, conts[0], 0),
                                       loaded.device)
 
+    return _assemble(cfg, loaded, oracle, methods, runs, memory, tok, len(prompts), started)
+
+
+def _assemble(cfg, loaded, oracle, methods, runs, memory, tok, n_prompts: int, started: float) -> dict:
+    """Per-method rows, speedups and the issue's targets from the timed runs."""
     ref = [r.token_ids for r in runs["hf_greedy"][0]]
     rows = [summarize_method(m, runs[m.id], ref, tok if loaded.tokenizer is not None else None, memory[m.id][0],
                              loaded, cfg.lookup) for m in methods]
@@ -524,7 +540,7 @@ def benchmark(cfg: BenchConfig, loaded: specdec.Loaded | None = None, oracle: Or
     targets = [{"name": name, "ratio": _ratio(base[a]["tok_s_median"], base[b]["tok_s_median"]), "target": t,
                 "met": (base[a]["tok_s_median"] / base[b]["tok_s_median"] >= t)}
                for name, a, b, t in TARGETS if a in base and b in base]
-    return {"meta": machine_meta(cfg, loaded, oracle, memory, len(prompts), time.perf_counter() - started),
+    return {"meta": machine_meta(cfg, loaded, oracle, memory, n_prompts, time.perf_counter() - started),
             "methods": rows, "targets": targets}
 
 
@@ -641,7 +657,8 @@ def markdown_table(result: dict) -> str:
     lines = [
         f"model `{meta['model']}` ({meta['params_m']:.1f}M params), {meta['device']} {meta['dtype']}, "
         f"{meta['prompts']} prompts x {meta['max_new_tokens']} new tokens, median of {meta['repeats']} repeats, "
-        f"{meta['machine']['gpu'] or meta['machine']['cpu']} ({meta['machine']['torch_threads']} threads)",
+        f"{meta['machine']['gpu'] or meta['machine']['cpu']} ({meta['machine']['torch_threads']} threads)"
+        + (f" -- PARTIAL: {meta['partial']}, no memory figures" if meta.get("partial") else ""),
         "",
         "| method | tok/s | speedup vs HF greedy | tau | acc@d (d=1..) | ms/tok p50 | ms/tok p99 | peak mem MiB "
         "| non-fwd % | eff. | greedy == HF |",
@@ -870,7 +887,7 @@ def main(argv=None) -> None:
     if a.report_from:
         result = json.loads(Path(a.report_from).read_text())
     else:
-        result = profile(cfg) if a.profile else benchmark(cfg)
+        result = profile(cfg) if a.profile else benchmark(cfg, checkpoint=lambda r: write_reports(r, a.out))
     paths = write_reports(result, a.out)
     print()
     print(markdown_table(result))

@@ -5,8 +5,10 @@
 #      14 heads, 2 KV heads, vocab 151936), built from a config (no download), with oracle
 #      heads whose top-1 guess is right 80% of the time, so that engine efficiency
 #      (speedup / mean accepted length) is visible without trained weights.
-# Results: $OUT/<run>/results.{json,md} (+ report.html when plotly is installed; else
-# rebuild it here: python bench.py --report-from <results.json> --out <dir>).
+# Results: $OUT/<run>/results.{json,md} (+ report.html when plotly is installed). bench.py
+# rewrites them after every repeat, so a run cut by its timeout
+# still leaves the finished repeats behind (marked PARTIAL). Without plotly,
+# rebuild the HTML here: python bench.py --report-from <results.json> --out <dir>.
 #
 # With the device tool:   run(command="bash scripts/bench_gpu.sh", timeout_s=420)
 # Dry run on a CPU:       DEVICE=cpu DTYPE=float32 QWEN=random:tiny PROMPTS=2 TOKENS=16 REPEATS=1 bash scripts/bench_gpu.sh
@@ -45,7 +47,7 @@ echo "embedded: $((SECONDS - start))s"
 
 start=$SECONDS
 timeout 200 "$PY" bench.py --device "$DEVICE" --dtype "$DTYPE" --model "$QWEN" --heads "oracle:$ORACLE" \
-  --methods hf_greedy,hf_prompt_lookup,plain_greedy,chain_greedy,small_greedy,default_greedy \
+  --methods hf_greedy,hf_prompt_lookup,plain_greedy,chain_greedy,small_greedy,default_greedy,lookup_greedy,hybrid_greedy \
   --num-prompts "$PROMPTS_QWEN" --max-new-tokens "$TOKENS" --repeats "$REPEATS" \
   --out "$OUT_DIR/qwen2-0.5b-oracle" || echo "qwen2-0.5b run failed or timed out (rc=$?)"
 echo "qwen2-0.5b-oracle: $((SECONDS - start))s"
