@@ -149,3 +149,36 @@ def test_typical_accepts_by_threshold_not_by_chance():
         g = torch.Generator().manual_seed(seed)
         v = verify([7, 0, 1, 3, 4, 3, 5], TREE, rows.__getitem__, SAMPLING, "typical", g)
         assert v.rejected[0] == 1 and v.accepted[1] == 2  # token 0 (p .001) rejected, token 1 (p .3) accepted
+
+
+@pytest.mark.parametrize("preset", ["chain", "small", "default"])
+def test_batched_greedy_verify_equals_row_by_row(preset):
+    """verify_greedy (all rows at once) and verify(rule="greedy") (rows on demand) agree exactly."""
+    from specdec.draft_tree import graft_chain, resolve_tree
+    from specdec.verifier import verify_greedy
+    g = torch.Generator().manual_seed(1)
+    base = resolve_tree(preset)
+    trees = [base, graft_chain(base.paths[1:], 1, 3)]
+    for tree in trees:
+        for trial in range(50):
+            N, V = tree.num_nodes, 12
+            logits = torch.randn(N, V, generator=g) * 3
+            # tokens that often equal the argmax, so paths are accepted to various depths
+            best = logits.argmax(-1)
+            tokens = [int(t) for t in torch.randint(0, V, (N,), generator=g)]
+            for i in range(1, N):
+                if torch.rand((), generator=g) < 0.6:
+                    tokens[i] = int(best[tree.parent[i]])
+            for i in range(N):  # siblings must carry distinct tokens, as candidates() and merge guarantee
+                seen = set()
+                for c in tree.children[i]:
+                    while tokens[c] in seen:
+                        tokens[c] = (tokens[c] + 1) % V
+                    seen.add(tokens[c])
+            a = verify_greedy(tokens, tree, logits)
+            b = verify(tokens, tree, lambda i: logits[i], SamplingParams(), "greedy", None)
+            assert (a.accepted, a.next_token, a.next_kind, a.rejected) == (b.accepted, b.next_token, b.next_kind,
+                                                                            b.rejected)
+            assert a.target_prob.keys() == b.target_prob.keys()
+            assert all(abs(a.target_prob[k] - b.target_prob[k]) < 1e-5 for k in a.target_prob)
+            assert abs(a.next_prob - b.next_prob) < 1e-5
