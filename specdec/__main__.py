@@ -20,9 +20,9 @@ def main(argv=None) -> int:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--min-p", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--tree", default="auto", help="auto, trained, chain, small or default")
+    g.add_argument("--tree", default="auto", help="auto, trained, chain, small, default or none (root only: prompt lookup drafts everything)")
     g.add_argument("--lookup", type=int, default=None,
-                   help="prompt-lookup tokens drafted per round (0 = heads only; default %d)" % 10)
+                   help="prompt-lookup tokens drafted per round (0 = heads only; default 10, specdec.lookup.DEFAULT_LOOKUP)")
     g.add_argument("--lookup-mode", default="first", choices=["first", "merge"],
                    help="first: a round with an n-gram match drafts from lookup alone; merge: heads' tree + lookup")
     g.add_argument("--acceptance", default="auto", help="auto, greedy, lossless or typical (lossy)")

@@ -225,6 +225,9 @@ PRESETS: dict[str, tuple[Path, ...]] = {
 def resolve_tree(tree: str | Tree | list | tuple, trained: tuple[Path, ...] | None = None, num_heads: int = 4) -> Tree:
     """A preset name, a list of paths, or a Tree -> Tree, checked against the heads."""
     if isinstance(tree, Tree):
+        if tree.lookup:
+            raise ValueError("tree: a Tree with grafted lookup nodes is per round; pass its head paths, "
+                             "and use lookup=... for prompt lookup")
         out = tree
     elif isinstance(tree, str):
         if tree == "none":  # the root alone: prompt lookup drafts everything

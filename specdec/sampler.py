@@ -104,12 +104,13 @@ def _top_p(x: torch.Tensor, top_p: float) -> torch.Tensor:
     """
     V = x.shape[-1]
     k = min(V, _TOP_P_PREFIX)
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)
     top_x, order = torch.topk(x, k, dim=-1)  # [..., k], descending
-    probs = (top_x - torch.logsumexp(x, dim=-1, keepdim=True)).exp()
+    probs = (top_x - lse).exp()  # the same formula in both paths, so they round alike
     mass_before = torch.cumsum(probs, dim=-1) - probs  # mass of the tokens sorted before each one
     if k < V and not bool((mass_before[..., -1] >= top_p).all()):
         top_x, order = torch.sort(x, dim=-1, descending=True)  # a flat distribution: sort it all
-        probs = torch.softmax(top_x, dim=-1)
+        probs = (top_x - lse).exp()
         mass_before = torch.cumsum(probs, dim=-1) - probs
     keep = torch.zeros(x.shape, dtype=torch.bool, device=x.device).scatter(-1, order, mass_before < top_p)
     return x.masked_fill(~keep, float("-inf"))

@@ -145,12 +145,15 @@ def verify(tokens: list[int], tree: Tree, logits_at: Callable[[int], torch.Tenso
                 # Removing a rejected x from r and renormalising makes r(y) = p(y) / (1 - mass
                 # removed so far), so r never has to be materialised until a correction is drawn.
                 toks = [tokens[c] for c in kids]
-                px = p[torch.tensor(toks, device=p.device)].tolist()
+                # p's own total rides along in the same sync: a float32 law sums to 1 only to a
+                # few ulp, and the last token of the support must get r = 1, not 1 - 1e-7.
+                *px, total = torch.cat([p[torch.tensor(toks, device=p.device)].double(),
+                                        p.sum(dtype=torch.float64)[None]]).tolist()
                 us = torch.rand(len(kids), generator=generator, device=p.device).tolist()
                 removed = 0.0
                 for c, x, pc, u in zip(kids, toks, px, us):
                     target_prob[c] = pc
-                    left = 1.0 - removed
+                    left = total - removed
                     r = 0.0 if x in gone else (1.0 if pc >= left else pc / left)  # x holds all the rest: r = 1
                     if u < r:
                         chosen = c
@@ -164,6 +167,8 @@ def verify(tokens: list[int], tree: Tree, logits_at: Callable[[int], torch.Tenso
                 if gone:  # the residual law: p without the rejected tokens (multinomial renormalises)
                     r = p.clone()
                     r[torch.tensor(gone, device=p.device)] = 0.0
+                    if not bool(r.sum() > 0):  # unreachable in exact arithmetic (see r = 1 above)
+                        raise RuntimeError("lossless verify: every token of p was rejected")
                 tok = sample(r, generator)
                 return Verdict(tuple(accepted), tok, "correction" if kids else "bonus", float(p[tok]), target_prob,
                                tuple(rejected))

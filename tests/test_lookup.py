@@ -52,8 +52,11 @@ def test_incremental_index_matches_the_definition():
         toks = [rng.randrange(4) for _ in range(rng.randrange(1, 40))]
         max_n = rng.randrange(1, 5)
         idx = NgramIndex(toks[:1], max_n)
-        for t in toks[1:]:
-            idx.extend([t])  # one token at a time, as the engine does
+        i = 1
+        while i < len(toks):  # in chunks of 1-5 tokens, as the engine extends it by a round's tokens
+            step = rng.randrange(1, 6)
+            idx.extend(toks[i : i + step])
+            i += step
             assert idx.propose(6) == brute_propose(idx.tokens, max_n, 6), (trial, idx.tokens)
         assert NgramIndex(toks, max_n).propose(6) == brute_propose(toks, max_n, 6)
 

@@ -82,6 +82,11 @@ def main(argv=None) -> int:
 
     a = ap.parse_args(argv)
     if a.cmd == "tree":
+        if a.measure is not None:
+            if a.measure_prompts < 1 or a.measure_tokens < 1 or not 0 <= a.lookup <= 64:
+                ap.error("tree: --measure-prompts and --measure-tokens must be >= 1 and --lookup in [0, 64]")
+            if not (Path(a.measure) / "valid.npy").is_file():
+                ap.error(f"tree: --measure {a.measure!r} has no valid.npy (a folder written by `data`)")
         return _tree(a)
     out = Path(a.out)
     _logging(out / "train.log" if a.cmd != "tokenizer" else out.parent / "tokenizer.log")
@@ -153,6 +158,9 @@ def _tree(a) -> int:
         from .. import api
         from .medusa import measure_trees
         valid = np.load(Path(a.measure) / "valid.npy", mmap_mode="r")
+        if len(valid) < 32 * a.measure_prompts:
+            raise SystemExit(f"tree: {a.measure}/valid.npy has {len(valid)} tokens, too few for "
+                             f"{a.measure_prompts} prompts of 32")
         stride = len(valid) // a.measure_prompts
         prompts = [[int(t) for t in valid[i * stride : i * stride + 32]] for i in range(a.measure_prompts)]
         loaded = api.load(a.model, heads_dir, device="cpu", dtype="float32")
