@@ -50,7 +50,7 @@ import torch
 import specdec
 from specdec.api import DEFAULT_MODEL, resolve_dtype
 from specdec.heads import HeadsConfig, MedusaHeads
-from specdec.lookup import DEFAULT_LOOKUP
+from specdec.lookup import DEFAULT_LOOKUP, MAX_LOOKUP
 
 # Held-out Python prompts: hand-written, not taken from the training corpus
 # (which is the Python source of installed packages). --quick uses the first 4.
@@ -471,8 +471,8 @@ def benchmark(cfg: BenchConfig, loaded: specdec.Loaded | None = None, oracle: Or
                          f"{cfg.repeats}, {cfg.warmup}")
     if not cfg.prompts:
         raise ValueError("no prompts")
-    if not 1 <= cfg.lookup <= 64:
-        raise ValueError(f"--lookup must be in [1, 64] (tokens per prompt-lookup round), got {cfg.lookup}")
+    if not 1 <= cfg.lookup <= MAX_LOOKUP:
+        raise ValueError(f"--lookup must be in [1, {MAX_LOOKUP}] (tokens per prompt-lookup round), got {cfg.lookup}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if loaded is None:
@@ -871,8 +871,8 @@ def parse_args(argv=None) -> tuple[BenchConfig, argparse.Namespace]:
     ap.add_argument("--out", default="bench_out", help="output folder (default: bench_out/)")
     ap.add_argument("--report-from", default=None, help="rebuild the Markdown and HTML of a results.json, run nothing")
     a = ap.parse_args(argv)
-    if not 1 <= a.lookup <= 64:
-        ap.error(f"--lookup must be in [1, 64] (tokens per prompt-lookup round), got {a.lookup}")
+    if not 1 <= a.lookup <= MAX_LOOKUP:
+        ap.error(f"--lookup must be in [1, {MAX_LOOKUP}] (tokens per prompt-lookup round), got {a.lookup}")
     prompts = read_prompts(a.prompts) if a.prompts else list(DEFAULT_PROMPTS)
     n_prompts = a.num_prompts or (4 if a.quick else len(prompts))
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass, field, replace
 
 from specdec import RoundEvent, SamplingParams
-from specdec.lookup import DEFAULT_LOOKUP
+from specdec.lookup import DEFAULT_LOOKUP, MAX_LOOKUP
 
 # UI ranges. Gradio's sliders reject values outside them, and `Settings.validate`
 # checks them again for calls that bypass the sliders.
@@ -21,7 +21,7 @@ TEMPERATURE_MAX = 2.0
 TOP_K_MAX = 200
 MAX_NEW_TOKENS_MAX = 512
 SEED_MAX = 2**31 - 1
-LOOKUP_MAX = 64  # prompt-lookup tokens per round (the engine's own limit)
+LOOKUP_MAX = MAX_LOOKUP  # prompt-lookup tokens per round (the engine's own limit)
 
 ACCEPTANCE_CHOICES = (
     ("lossless sampling (exact)", "lossless"),

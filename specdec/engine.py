@@ -30,7 +30,7 @@ from .detok import IncrementalDecoder
 from .draft_tree import Tree, build_tree, candidates, graft_chain, merge_chain, resolve_tree
 from .events import EmittedToken, RoundEvent, TreeNode
 from .heads import MedusaHeads
-from .lookup import NgramIndex
+from .lookup import MAX_LOOKUP, NgramIndex
 from .sampler import SamplingParams, next_token
 from .target import TargetModel
 from .verifier import ACCEPTANCE_RULES, LOSSY_RULES, verify, verify_greedy
@@ -125,8 +125,8 @@ class Engine:
                 "lossless" or "typical" (lossy: output no longer follows p).
             on_round: callbacks that receive every event, before it is yielded.
             should_stop: polled once per round; True ends the stream early.
-            lookup: prompt-lookup tokens grafted into each round's tree (0 = off). With no
-                heads, speculation runs on prompt lookup alone.
+            lookup: prompt-lookup tokens drafted per round (0 = off). With no heads,
+                speculation runs on prompt lookup alone.
             lookup_ngram: the longest suffix n-gram matched against the context.
             lookup_mode: "first": a round whose context has a match drafts the lookup chain
                 alone, and the heads draft only the other rounds (on a CPU the heads cost about as
@@ -141,8 +141,9 @@ class Engine:
         first = get_params()
         if not isinstance(first, SamplingParams):
             raise ValueError("`params` must be a SamplingParams or a callable returning one")
-        if not isinstance(lookup, int) or isinstance(lookup, bool) or not 0 <= lookup <= 64:
-            raise ValueError(f"`lookup` must be an integer in [0, 64] (prompt-lookup tokens; 0 = off), got {lookup!r}")
+        if not isinstance(lookup, int) or isinstance(lookup, bool) or not 0 <= lookup <= MAX_LOOKUP:
+            raise ValueError(f"`lookup` must be an integer in [0, {MAX_LOOKUP}] (prompt-lookup tokens; 0 = off), "
+                             f"got {lookup!r}")
         if not isinstance(lookup_ngram, int) or isinstance(lookup_ngram, bool) or not 1 <= lookup_ngram <= 8:
             raise ValueError(f"`lookup_ngram` must be an integer in [1, 8], got {lookup_ngram!r}")
         if lookup_mode not in LOOKUP_MODES:
@@ -153,7 +154,7 @@ class Engine:
                              "or prompt lookup (lookup >= 1)")
         full_tree = None
         if speculative:
-            full_tree = self.resolve_tree(tree) if self.heads is not None else build_tree(())
+            full_tree = self.resolve_tree(tree) if self.heads is not None else _ROOT_ONLY
         if eos_token_id == "auto":
             eos = self.eos_token_ids
         elif eos_token_id is None:
@@ -232,7 +233,7 @@ class Engine:
                     tree = _ROOT_ONLY  # the context repeats: skip the heads' cost this round
                 tokens, q_list = self._draft(tree, pending, h_last)
                 if chain:
-                    tree, tokens = self._graft(tree, tokens, chain, room)
+                    tree, tokens = self._graft(tree, tokens, chain)
                     q_list += [None] * (len(tokens) - len(q_list))
                 tok_list = tokens
                 tokens = torch.tensor(tok_list, dtype=torch.long)
@@ -283,12 +284,13 @@ class Engine:
         return tokens.tolist(), q_list
 
     @staticmethod
-    def _graft(tree: Tree, tokens: list[int], chain: list[int], room: int) -> tuple[Tree, list[int]]:
-        """Merge a prompt-lookup chain into the filled tree; graft what does not match as new nodes."""
-        if not chain:
-            return tree, tokens
+    def _graft(tree: Tree, tokens: list[int], chain: list[int]) -> tuple[Tree, list[int]]:
+        """Merge a prompt-lookup chain into the filled tree; graft what does not match as new nodes.
+
+        The chain is at most `room` long and each merged token is one level deeper, so the grafted
+        nodes stay within `room` too.
+        """
         attach, rest = merge_chain(tree, tokens, chain)
-        rest = rest[: room - tree.depth[attach]]
         if not rest:
             return tree, tokens
         return graft_chain(tree.paths[1:], attach, len(rest)), tokens + rest

@@ -15,6 +15,7 @@ from __future__ import annotations
 # Tokens proposed per round by `specdec.generate`, the CLI and the app (HF's
 # `prompt_lookup_num_tokens` is commonly 10 too). The Engine itself defaults to 0.
 DEFAULT_LOOKUP = 10
+MAX_LOOKUP = 64  # the longest chain a round may draft; every entry point checks against it
 
 
 class NgramIndex:

@@ -83,8 +83,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "tree":
         if a.measure is not None:
-            if a.measure_prompts < 1 or a.measure_tokens < 1 or not 0 <= a.lookup <= 64:
-                ap.error("tree: --measure-prompts and --measure-tokens must be >= 1 and --lookup in [0, 64]")
+            from ..lookup import MAX_LOOKUP
+            if a.measure_prompts < 1 or a.measure_tokens < 1 or not 0 <= a.lookup <= MAX_LOOKUP:
+                ap.error(f"tree: --measure-prompts and --measure-tokens must be >= 1 and --lookup in "
+                         f"[0, {MAX_LOOKUP}]")
             if not (Path(a.measure) / "valid.npy").is_file():
                 ap.error(f"tree: --measure {a.measure!r} has no valid.npy (a folder written by `data`)")
         return _tree(a)
