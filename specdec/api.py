@@ -39,6 +39,11 @@ class Loaded:
     def device(self) -> torch.device:
         return self.engine.target.device
 
+    @property
+    def has_chat_template(self) -> bool:
+        """True when the tokenizer can wrap a prompt as a chat turn (`generate(..., chat=True)`)."""
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
 
 def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
     if dtype is None:
@@ -96,7 +101,8 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
     if heads is None:
         head_mod = None
     elif isinstance(heads, MedusaHeads):
-        head_mod = heads
+        # Heads built or trained elsewhere (often fp32 on the CPU) must run where the model runs.
+        head_mod = heads.to(device=target.device, dtype=target.dtype).eval()
     elif heads == "random":
         head_mod = random_heads(hf_model)
     else:
@@ -119,13 +125,24 @@ class GenerationResult:
                 "rounds": [r.to_dict() for r in self.rounds]}
 
 
-def encode(loaded: Loaded, prompt: str | None, prompt_ids) -> list[int]:
+def encode(loaded: Loaded, prompt: str | None, prompt_ids=None, chat: bool = False) -> list[int]:
+    """Token ids for a prompt: raw text, or (chat=True) one user turn through the chat template."""
     if prompt_ids is not None:
+        if chat:
+            raise ValueError("`chat=True` wraps text: pass `prompt`, not `prompt_ids`")
         return prompt_ids  # validated (and flattened from [1, T]) by Engine.check_prompt
     if prompt is None or not str(prompt).strip():
         raise ValueError("`prompt` is empty: give some text (or prompt_ids)")
     if loaded.tokenizer is None:
         raise ValueError("this model was loaded without a tokenizer: pass prompt_ids")
+    if chat:
+        if not loaded.has_chat_template:
+            raise ValueError(f"`chat=True` needs a chat template, but the tokenizer of {loaded.name or 'this model'!r} "
+                             "has none: pass chat=False to send the prompt as raw text")
+        # The template already adds the special tokens it wants (BOS, role markers).
+        out = loaded.tokenizer.apply_chat_template([{"role": "user", "content": str(prompt)}],
+                                                   add_generation_prompt=True, tokenize=True, return_dict=True)
+        return list(out["input_ids"])
     return loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
 
@@ -147,15 +164,17 @@ def generate(loaded: Loaded, prompt: str | None = None, prompt_ids=None, max_new
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
              seed: int | None = None, tree="auto", speculative: bool = True, acceptance: str = "auto",
              on_round: Callable[[RoundEvent], None] | None = None, eos_token_id="auto",
-             lookup: int = DEFAULT_LOOKUP, lookup_ngram: int = 3, lookup_mode: str = "first") -> GenerationResult:
+             lookup: int = DEFAULT_LOOKUP, lookup_ngram: int = 3, lookup_mode: str = "first",
+             chat: bool = False) -> GenerationResult:
     """Generate from a prompt (text or ids) and return tokens, text, events and stats.
 
     `lookup` prompt-lookup tokens are drafted per round (0 = heads only). With
     lookup_mode="first" a round whose context has an n-gram match drafts the
     lookup chain alone and the heads draft the rest; "merge" merges both.
+    `chat=True` sends the prompt as one user turn through the tokenizer's chat template.
     """
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-    ids = encode(loaded, prompt, prompt_ids)
+    ids = encode(loaded, prompt, prompt_ids, chat)
     t0 = time.perf_counter()
     rounds = list(loaded.engine.stream(ids, max_new_tokens, params, tree, speculative, acceptance,
                                        eos_token_id, on_round, lookup=lookup, lookup_ngram=lookup_ngram,

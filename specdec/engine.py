@@ -42,6 +42,23 @@ ParamsSource = SamplingParams | Callable[[], SamplingParams]
 RoundCallback = Callable[[RoundEvent], None]
 
 
+def _ids(value) -> set[int]:
+    """An EOS setting (None, an id, or a list of ids) as a set."""
+    if value is None:
+        return set()
+    return {int(value)} if isinstance(value, numbers.Integral) else {int(v) for v in value}
+
+
+def default_eos(tokenizer, model) -> frozenset[int]:
+    """Every id that ends a turn: the tokenizer's EOS plus each id of `generation_config.eos_token_id`.
+
+    Instruct models (Llama-3, Qwen2.5) list their end-of-turn ids in the generation config, and
+    the tokenizer's single EOS is often not among them, so neither alone is enough.
+    """
+    gen = getattr(model, "generation_config", None)
+    return frozenset(_ids(getattr(tokenizer, "eos_token_id", None)) | _ids(getattr(gen, "eos_token_id", None)))
+
+
 class Engine:
     """Speculative decoding over one target model and its draft heads.
 
@@ -57,10 +74,7 @@ class Engine:
         self.trained_tree = tuple(tuple(p) for p in trained_tree) if trained_tree else None
         self.prefix_cache = prefix_cache
         self._text_memo: dict[int, str] = {}
-        eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
-        if eos is None:
-            eos = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
-        self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        self.eos_token_ids = default_eos(tokenizer, target.model)
 
     # -- helpers -------------------------------------------------------------
     def token_text(self, token_id: int) -> str:
@@ -102,6 +116,20 @@ class Engine:
                              f"so the prompt must be at most {limit - 1} tokens")
         return ids
 
+    def check_window(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Refuse, before any token, a request that would outrun a sliding (or chunked) attention window.
+
+        Within the smallest window every layer sees the whole sequence, so full attention is exact;
+        beyond it a windowed layer must forget old tokens, which the tree's mask does not express.
+        """
+        window = self.target.window
+        if window is not None and prompt_tokens + max_new_tokens > window:
+            raise ValueError(
+                f"`max_new_tokens` = {max_new_tokens} with a {prompt_tokens}-token prompt needs "
+                f"{prompt_tokens + max_new_tokens} positions, but this model has sliding-window attention layers "
+                f"with a window of {window} tokens, and specdec decodes them exactly only within the window: "
+                f"use max_new_tokens <= {max(window - prompt_tokens, 0)} (or a shorter prompt)")
+
     def next_logits(self, prompt_ids) -> torch.Tensor:
         """The target's logits for the token after `prompt_ids`: one cache-free forward. -> [V] float32, CPU."""
         ids = self.check_prompt(prompt_ids)
@@ -141,6 +169,13 @@ class Engine:
         first = get_params()
         if not isinstance(first, SamplingParams):
             raise ValueError("`params` must be a SamplingParams or a callable returning one")
+        if acceptance == "greedy":
+            # Greedy acceptance is argmax decoding: every emitted token (round 0, tree rounds and
+            # plain tail rounds alike) is the argmax, whatever the temperature. Events record the
+            # temperature actually used (0), so one output never mixes two laws.
+            sampled = get_params
+            get_params = lambda: sampled().replace(temperature=0.0)  # noqa: E731
+            first = get_params()
         if not isinstance(lookup, int) or isinstance(lookup, bool) or not 0 <= lookup <= MAX_LOOKUP:
             raise ValueError(f"`lookup` must be an integer in [0, {MAX_LOOKUP}] (prompt-lookup tokens; 0 = off), "
                              f"got {lookup!r}")
@@ -149,6 +184,7 @@ class Engine:
         if lookup_mode not in LOOKUP_MODES:
             raise ValueError(f"`lookup_mode` must be one of {LOOKUP_MODES}, got {lookup_mode!r}")
         ids = self.check_prompt(prompt_ids)
+        self.check_window(len(ids), max_new_tokens)
         if speculative and self.heads is None and not lookup:
             raise ValueError("speculative decoding needs draft heads (load with heads=<path> or heads='random') "
                              "or prompt lookup (lookup >= 1)")

@@ -9,24 +9,49 @@ After a tree forward the cache holds the committed prefix followed by all
 N tree nodes. `keep_path` gathers the accepted nodes' entries into the
 slots right after the prefix and drops the rest: a gather, not a crop,
 because the accepted nodes need not be the first ones in tree order.
+
+Sliding-window (and chunked) attention layers get a plain full-history
+layer too: HF's sliding layer drops old entries as it goes, which a tree
+rollback cannot undo. Within the smallest window the window hides nothing,
+so the result is exact there; `Engine` refuses requests that would outrun it.
 """
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import get_layer_types_and_kwargs
+
+# Layer types whose cache is plain keys/values per position, so a gather can roll a tree back.
+_WINDOWED = ("sliding_attention", "chunked_attention")
+SUPPORTED_LAYER_TYPES = ("full_attention",) + _WINDOWED
+
+
+def attention_layout(config) -> tuple[tuple[str, ...], int | None]:
+    """(layer types, the smallest sliding/chunk window or None) of a model config.
+
+    Raises ValueError naming the layer type when a layer keeps state a tree rollback cannot
+    restore: linear attention, state-space and other recurrent or hybrid layers, shared KV.
+    """
+    text = config.get_text_config(decoder=True)
+    types, kwargs = get_layer_types_and_kwargs(text)
+    bad = sorted({t for t in types if t not in SUPPORTED_LAYER_TYPES})
+    if bad:
+        raise ValueError(f"{type(text).__name__} has {bad[0]!r} layers ({', '.join(bad)}): their cache is "
+                         "recurrent or shared state, which speculative tree rollback cannot restore exactly. "
+                         f"specdec supports layers of type {', '.join(SUPPORTED_LAYER_TYPES)}")
+    windows = [kw["sliding_window"] for t, kw in zip(types, kwargs) if t in _WINDOWED and kw.get("sliding_window")]
+    return tuple(types), (min(int(w) for w in windows) if windows else None)
 
 
 def new_cache(model) -> DynamicCache:
-    return DynamicCache(config=model.config)
+    """An empty cache of plain full-history layers (no config: no sliding layers, see above)."""
+    return DynamicCache()
 
 
 def _layers(cache: DynamicCache):
     layers = getattr(cache, "layers", None)
     if layers is None:
         raise RuntimeError("unsupported transformers cache API: DynamicCache has no `layers` (tested with 5.23)")
-    for layer in layers:
-        if getattr(layer, "is_sliding", False):
-            raise ValueError("sliding-window attention caches are not supported by tree rollback yet")
     return layers
 
 

@@ -77,11 +77,16 @@ class PrefixCache:
             if key in self._entries:
                 self._entries.move_to_end(key)
                 return
-        kv = kv_cache.snapshot(cache, len(ids))
+        kv = kv_cache.snapshot(cache, len(ids))  # the copy runs outside the lock
         size = kv_cache.nbytes(kv)
         if size > self.max_bytes:
             return
         with self._lock:
+            # Check again: another thread may have inserted the same prompt while we copied.
+            # Counting its bytes twice would let `bytes` drift from the entries' sum.
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.bytes -= old.nbytes
             self._entries[key] = _Entry(torch.tensor(ids, dtype=torch.long), kv, size)
             self.bytes += size
             while self.bytes > self.max_bytes:

@@ -70,9 +70,9 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         [..., V] float32 logits whose softmax is the filtered target law.
     """
     assert params.temperature > 0, "greedy decoding takes the argmax path, not filter_logits"
-    x = logits.float()
-    if torch.isnan(x).any():
-        raise ValueError("logits contain NaN")
+    x = finite_logits(logits.float())
+    if bool(torch.isnan(x).any() | torch.isneginf(x).all(dim=-1).any()):  # one host sync for both checks
+        raise ValueError("logits contain NaN, or are -inf for every token: there is no distribution to sample")
     # Subtracting the max before dividing keeps a tiny temperature from
     # overflowing to inf (inf - inf would be NaN in softmax).
     x = (x - x.amax(dim=-1, keepdim=True)) / params.temperature
@@ -87,6 +87,19 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         threshold = params.min_p * probs.amax(dim=-1, keepdim=True)
         x = x.masked_fill(probs < threshold, float("-inf"))
     return x
+
+
+def finite_logits(x: torch.Tensor) -> torch.Tensor:
+    """Give rows with +inf logits (an fp16 overflow) their limit law. [..., V] float -> same shape.
+
+    A +inf logit is the limit of an ever larger one, and in that limit the +inf tokens share all
+    the mass equally while every other token gets none; as logits that is 0 for them, -inf for
+    the rest. Without this, `x - max` is inf - inf = NaN. Rows without +inf pass unchanged, and
+    there is no host sync.
+    """
+    pos = torch.isposinf(x)
+    limit = torch.zeros_like(x).masked_fill(~pos, float("-inf"))
+    return torch.where(pos.any(dim=-1, keepdim=True), limit, x)
 
 
 _TOP_P_PREFIX = 256  # tokens sorted first; the nucleus almost always ends inside them
@@ -137,7 +150,7 @@ def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     """Plain decoding step: returns (token id, its probability under p). logits: [V]."""
     if params.greedy:
         tok = int(logits.argmax().item())
-        return tok, float(torch.softmax(logits.float(), -1)[tok].item())
+        return tok, float(torch.softmax(finite_logits(logits.float()), -1)[tok].item())
     p = target_probs(logits, params)
     tok = sample(p, generator)
     return tok, float(p[tok].item())
@@ -150,7 +163,7 @@ def filter_stages(logits: torch.Tensor, params: SamplingParams, top: int = 20) -
     its probability before filtering, after filtering, and which filter
     removed it (None when kept).
     """
-    x = logits.float()
+    x = finite_logits(logits.float())
     t = params.temperature if params.temperature > 0 else 1.0
     base = torch.softmax((x - x.max()) / t, dim=-1)
     stages: list[tuple[str, SamplingParams]] = []

@@ -8,10 +8,18 @@ verifier visits.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
 from . import kv_cache
+from .sampler import finite_logits
+
+log = logging.getLogger(__name__)
+# Attention implementations that take an arbitrary 4D additive mask. Flash-attention, flex and paged
+# kernels build their own causal masks (or read varlen metadata) and would drop the tree's mask.
+MASK_AWARE_ATTENTION = ("sdpa", "eager")
 
 
 class TargetModel:
@@ -24,6 +32,18 @@ class TargetModel:
         if self.lm_head is None or self.base is model:
             raise ValueError(f"{type(model).__name__} is not a causal LM with a separate output projection")
         cfg = model.config
+        # Decided once, at load: refuse what cannot roll back, switch what would ignore the tree mask.
+        self.layer_types, self.window = kv_cache.attention_layout(cfg)
+        impl = getattr(cfg, "_attn_implementation", None) or "eager"
+        if impl not in MASK_AWARE_ATTENTION:
+            log.warning("attention implementation %r ignores a 4D tree mask; switching %s to 'sdpa'",
+                        impl, type(model).__name__)
+            try:
+                model.set_attn_implementation("sdpa")
+            except (ValueError, ImportError, AttributeError) as e:
+                raise ValueError(f"attention implementation {impl!r} ignores the 4D tree mask, and switching "
+                                 f"{type(model).__name__} to 'sdpa' failed ({e}); load it with "
+                                 "attn_implementation='sdpa' or 'eager'") from e
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
         self.logit_scale = getattr(cfg, "logit_scale", None)  # Cohere-style scaling
         self.vocab_size = int(self.lm_head.weight.shape[0])
@@ -65,4 +85,4 @@ class TargetModel:
             x = x * self.logit_scale
         if self.softcap:
             x = torch.tanh(x / self.softcap) * self.softcap
-        return x.float()
+        return finite_logits(x.float())  # an fp16 overflow to +inf must not become NaN downstream

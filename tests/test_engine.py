@@ -109,14 +109,50 @@ def test_eos_inside_an_accepted_block(arch, models):
     assert checked_inside >= 2
 
 
-def test_eos_from_the_tokenizer_or_generation_config(byte_model, byte_tokenizer):
+def test_eos_is_the_union_of_tokenizer_and_generation_config(byte_model, byte_tokenizer):
     loaded = specdec.load(byte_model, heads="random", device="cpu", tokenizer=byte_tokenizer)
     assert loaded.engine.eos_token_ids == {256}
-    byte_model.generation_config.eos_token_id = [5, 7]
+    byte_model.generation_config.eos_token_id = [5, 7]  # an instruct model's end-of-turn list
     try:
         assert specdec.load(byte_model, heads="random").engine.eos_token_ids == {5, 7}
+        assert specdec.load(byte_model, heads="random", tokenizer=byte_tokenizer).engine.eos_token_ids == {5, 7, 256}
     finally:
         byte_model.generation_config.eos_token_id = None
+
+
+@pytest.mark.parametrize("speculative", [True, False])
+def test_generation_stops_at_every_eos_id_of_the_generation_config(models, speculative, byte_tokenizer):
+    """A two-id EOS list: generation stops at whichever comes first, as HF generate does, and
+    the tokenizer's own single EOS id does not hide the list."""
+    model, prompt = models["llama"], PROMPTS[1]
+    free = hf_greedy(model, prompt, 40)
+    for first, other in ((free[10], free[25]), (free[25], free[10])):
+        eos = [first, other]
+        want = hf_greedy(model, prompt, 40, eos=eos)
+        assert want[-1] in eos and len(want) < 40
+        model.generation_config.eos_token_id = eos
+        try:
+            loaded = specdec.load(model, heads="random", tokenizer=byte_tokenizer)  # its EOS (256) is not in the list
+            out = specdec.generate(loaded, prompt_ids=prompt, max_new_tokens=40, speculative=speculative, tree="small")
+        finally:
+            model.generation_config.eos_token_id = None
+        assert out.token_ids == want
+        assert out.stats["finished"] == "eos"
+
+
+@pytest.mark.parametrize("speculative", [True, False])
+def test_greedy_acceptance_is_argmax_for_every_token_at_any_temperature(models, speculative):
+    """acceptance="greedy" with temperature > 0 once sampled round 0 and the plain tail rounds but
+    took the argmax in tree rounds: one output, two laws. Now every token is the argmax."""
+    loaded = specdec.load(models["llama"], heads="random")
+    prompt = PROMPTS[0]
+    ref = hf_greedy(models["llama"], prompt, 30)
+    for seed in range(3):
+        out = specdec.generate(loaded, prompt_ids=prompt, max_new_tokens=30, temperature=1.5, seed=seed,
+                               acceptance="greedy", speculative=speculative, tree="small", eos_token_id=None)
+        assert out.token_ids == ref
+        assert all(r.params["temperature"] == 0 for r in out.rounds)  # events record what was used
+        assert {r.acceptance for r in out.rounds} == ({"greedy"} if speculative else {"plain"})
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 11])

@@ -187,3 +187,14 @@ def test_load_corrupt_tree_json_raises_clearly(llama, tmp_path, text):
     (tmp_path / TREE_NAME).write_text(text)
     with pytest.raises(ValueError, match=TREE_NAME):
         load_heads(tmp_path, llama)
+
+
+def test_heads_object_is_moved_to_the_models_device_and_dtype():
+    """A MedusaHeads built elsewhere (fp32 here) follows the model (bf16 here) at load."""
+    model = make_model("llama").to(torch.bfloat16)
+    heads = MedusaHeads(HeadsConfig(32, 128, num_heads=2))
+    loaded = specdec.load(model, heads=heads)
+    assert {p.dtype for p in loaded.heads.parameters()} == {torch.bfloat16}
+    assert loaded.engine.heads is loaded.heads
+    out = specdec.generate(loaded, prompt_ids=[1, 2, 3], max_new_tokens=8, tree="chain", lookup=0)
+    assert len(out.token_ids) == 8

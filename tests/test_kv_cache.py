@@ -125,12 +125,15 @@ def test_engine_cache_holds_exactly_the_committed_tokens(arch, models, monkeypat
     assert plain.token_ids == out
 
 
-def test_sliding_window_caches_are_refused():
-    class Layer:
-        is_sliding = True
+def test_attention_layout_reads_windows_and_refuses_recurrent_layers():
+    from transformers import Gemma2Config, LlamaConfig, MambaConfig, MistralConfig, Qwen2Config, Qwen3NextConfig
 
-    class Fake:
-        layers = [Layer()]
-
-    with pytest.raises(ValueError, match="sliding"):
-        kv_cache.keep_path(Fake(), 0, [0])
+    assert kv_cache.attention_layout(LlamaConfig())[1] is None
+    assert kv_cache.attention_layout(MistralConfig())[1] == 4096  # Mistral-7B-v0.1's default window
+    types, window = kv_cache.attention_layout(Gemma2Config(sliding_window=300))
+    assert set(types) == {"sliding_attention", "full_attention"} and window == 300
+    assert kv_cache.attention_layout(Qwen2Config(use_sliding_window=False))[1] is None
+    assert kv_cache.attention_layout(Qwen2Config(use_sliding_window=True, sliding_window=64))[1] == 64
+    for cfg in (Qwen3NextConfig(), MambaConfig()):
+        with pytest.raises(ValueError, match="'linear_attention' layers"):
+            kv_cache.attention_layout(cfg)

@@ -102,3 +102,28 @@ def test_thread_safe_under_concurrent_use(model):
     [t.join() for t in threads]
     assert not errors
     assert out == ref
+
+
+def test_concurrent_inserts_of_the_same_prompt_count_bytes_once(model, monkeypatch):
+    """Two threads insert the same prompt; both pass the first membership check before either
+    stores (a barrier inside the snapshot forces that interleaving). The byte total must still
+    equal the sum over entries; it used to count the prompt twice and drift."""
+    pc = PrefixCache(max_bytes=10**9, min_tokens=1)
+    cache = kv_cache.new_cache(model)
+    ids = list(range(10))
+    specdec.target.TargetModel(model).forward(torch.tensor(ids), cache)
+    barrier = threading.Barrier(2, timeout=10)
+    real = kv_cache.snapshot
+
+    def slow_snapshot(c, upto):
+        barrier.wait()
+        return real(c, upto)
+
+    monkeypatch.setattr(kv_cache, "snapshot", slow_snapshot)
+    threads = [threading.Thread(target=pc.insert, args=(ids, cache)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(pc) == 1
+    assert pc.bytes == sum(e.nbytes for e in pc._entries.values())

@@ -275,3 +275,43 @@ def test_fast_top_p_equals_full_sort(V, scale):
             prefix_used += bool(((torch.cumsum(top, -1) - top)[..., -1] >= top_p).all())
     if scale >= 3.5:  # peaked laws: the shortcut itself must have been exercised
         assert prefix_used > 0
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.7), SamplingParams(temperature=1.0, top_k=5),
+                                    SamplingParams(temperature=0.5, top_p=0.9), SamplingParams(temperature=1, min_p=0.1)])
+def test_plus_inf_logits_take_all_the_mass_without_nan(params):
+    """An fp16 overflow gives +inf logits. Their limit law shares all the mass among them;
+    it used to turn into NaN (inf - inf) in the sampler."""
+    logits = torch.randn(64)
+    logits[7] = float("inf")
+    p = target_probs(logits, params)
+    assert not torch.isnan(p).any()
+    assert p[7] == 1.0
+    logits[9] = float("inf")
+    p = target_probs(logits, params)
+    assert p[7] == p[9] == 0.5 and p.sum() == 1.0
+    g = torch.Generator().manual_seed(0)
+    assert {next_token(logits, params, g)[0] for _ in range(50)} == {7, 9}
+    tok, prob = next_token(logits, SamplingParams(), g)  # greedy: the probability shown is finite
+    assert tok in (7, 9) and prob == 0.5
+    rows = filter_stages(logits, params)
+    assert not any(r["prob"] != r["prob"] or r["filtered_prob"] != r["filtered_prob"] for r in rows)
+
+
+def test_all_minus_inf_logits_raise_clearly():
+    with pytest.raises(ValueError, match="-inf for every token"):
+        target_probs(torch.full((8,), float("-inf")), SamplingParams(temperature=1.0))
+
+
+def test_greedy_verification_of_overflowed_rows_has_finite_probabilities():
+    from specdec.draft_tree import build_tree
+    from specdec.sampler import finite_logits
+    from specdec.verifier import verify_greedy
+
+    tree = build_tree(((0,), (0, 0)))
+    logits = torch.randn(3, 16)
+    logits[0, 4] = float("inf")  # the target is certain of token 4 after the root
+    logits = finite_logits(logits)  # what TargetModel.logits hands the verifier
+    v = verify_greedy([1, 4, 5], tree, logits)
+    assert v.accepted[:2] == (0, 1) and v.target_prob[1] == 1.0
+    assert all(p == p for p in v.target_prob.values()) and v.next_prob == v.next_prob

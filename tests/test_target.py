@@ -94,3 +94,97 @@ def test_target_model_metadata(arch_model):
 def test_target_rejects_models_without_lm_head(llama):
     with pytest.raises(ValueError, match="causal LM"):
         TargetModel(llama.base_model)
+
+
+# -- real hub architectures: sliding windows, refused layers, attention implementations -----------------
+
+import logging  # noqa: E402
+
+import transformers as hf  # noqa: E402
+
+import specdec  # noqa: E402
+from conftest import hf_greedy  # noqa: E402
+from specdec.prefix_cache import PrefixCache  # noqa: E402
+
+_SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              vocab_size=128, initializer_range=0.1, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+WINDOW = 24  # small enough that the tests reach it
+# name -> (config class, model class, config overrides, attention implementation)
+WINDOWED = {
+    "mistral-default": (hf.MistralConfig, hf.MistralForCausalLM, {}, "sdpa"),  # sliding_window=4096, as Mistral-7B-v0.1
+    "mistral": (hf.MistralConfig, hf.MistralForCausalLM, dict(sliding_window=WINDOW), "sdpa"),
+    "gemma2": (hf.Gemma2Config, hf.Gemma2ForCausalLM, dict(head_dim=8, sliding_window=WINDOW), "eager"),
+    "gemma3": (hf.Gemma3TextConfig, hf.Gemma3ForCausalLM,
+               dict(head_dim=8, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"]), "sdpa"),
+    "qwen2": (hf.Qwen2Config, hf.Qwen2ForCausalLM,
+              dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1), "sdpa"),
+    "qwen3": (hf.Qwen3Config, hf.Qwen3ForCausalLM,
+              dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, head_dim=8), "sdpa"),
+    "phi3": (hf.Phi3Config, hf.Phi3ForCausalLM, dict(sliding_window=WINDOW, pad_token_id=0), "sdpa"),
+    "mixtral": (hf.MixtralConfig, hf.MixtralForCausalLM, dict(sliding_window=WINDOW, num_local_experts=2), "sdpa"),
+}
+LONG_PROMPT = [5, 17, 3, 9, 9, 1, 2, 3, 4, 5, 6, 7]  # 12 tokens: the prefix cache stores prompts of >= 8
+
+
+def hub_model(name: str):
+    cfg_cls, model_cls, overrides, attn = WINDOWED[name]
+    cfg = cfg_cls(**{**_SMALL, **overrides})
+    cfg._attn_implementation = attn
+    torch.manual_seed(0)
+    model = model_cls(cfg).float().eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+@pytest.mark.parametrize("name", list(WINDOWED))
+def test_sliding_window_models_decode_exactly(name):
+    """Greedy output equals HF generate, with and without the prefix cache, speculative and plain,
+    up to the last position the window allows (prompt + max_new_tokens = window)."""
+    model = hub_model(name)
+    window = specdec.load(model, heads="random").engine.target.window
+    assert window == (4096 if name == "mistral-default" else WINDOW)
+    n = min(window, 64) - len(LONG_PROMPT)
+    ref = hf_greedy(model, LONG_PROMPT, n)
+    for prefix_cache in (None, PrefixCache()):
+        loaded = specdec.load(model, heads="random", prefix_cache=prefix_cache)
+        for speculative in (True, False):
+            for _ in range(2):  # the second run starts from the prefix cache when there is one
+                out = specdec.generate(loaded, prompt_ids=LONG_PROMPT, max_new_tokens=n, speculative=speculative,
+                                       eos_token_id=None, lookup=5, tree="small")
+                assert out.token_ids == ref, (name, prefix_cache is not None, speculative)
+        if prefix_cache is not None:
+            assert prefix_cache.hits >= 3
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma2"])
+def test_request_past_the_window_is_refused_before_any_token(name):
+    loaded = specdec.load(hub_model(name), heads="random")
+    n = WINDOW - len(LONG_PROMPT) + 1
+    with pytest.raises(ValueError, match=rf"window of {WINDOW} tokens.*max_new_tokens <= {n - 1}"):
+        loaded.engine.stream(LONG_PROMPT, max_new_tokens=n)  # raised at the call, before a round runs
+    with pytest.raises(ValueError, match="sliding-window"):
+        specdec.generate(loaded, prompt_ids=LONG_PROMPT, max_new_tokens=n, speculative=False)
+
+
+def test_recurrent_layers_are_refused_at_load():
+    cfg = hf.Qwen3NextConfig(**{**_SMALL, "num_hidden_layers": 2, "head_dim": 8, "linear_num_key_heads": 2,
+                                "linear_num_value_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+                                "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 16,
+                                "shared_expert_intermediate_size": 16,
+                                "layer_types": ["linear_attention", "full_attention"]})
+    model = hf.Qwen3NextForCausalLM(cfg).eval()
+    with pytest.raises(ValueError, match="'linear_attention' layers.*cannot restore"):
+        specdec.load(model, heads=None)
+
+
+def test_attention_that_ignores_the_tree_mask_is_switched_to_sdpa(caplog):
+    flex = make_model("llama", attn="flex_attention")
+    assert flex.config._attn_implementation == "flex_attention"
+    with caplog.at_level(logging.WARNING, logger="specdec.target"):
+        loaded = specdec.load(flex, heads="random")
+    assert flex.config._attn_implementation == "sdpa"
+    assert "ignores a 4D tree mask" in caplog.text
+    ref = hf_greedy(make_model("llama"), LONG_PROMPT, 24)  # the same weights, built with sdpa
+    assert specdec.generate(loaded, prompt_ids=LONG_PROMPT, max_new_tokens=24, tree="small",
+                            eos_token_id=None).token_ids == ref
