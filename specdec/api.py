@@ -11,7 +11,8 @@ import torch
 
 from .engine import Engine
 from .events import RoundEvent
-from .heads import MedusaHeads, load_heads, random_heads
+from .heads import MedusaHeads, random_heads
+from .heads_io import read_heads
 from .lookup import DEFAULT_LOOKUP
 from .sampler import SamplingParams
 from .target import TargetModel
@@ -61,8 +62,10 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
     Args:
         model: hub id, local path, a loaded PreTrainedModel, or None for the
             embedded default (assets/model, fully offline).
-        heads: a folder written by `MedusaHeads.save`, "random" (seeded random
-            heads), or None (the embedded heads for the default model, else none).
+        heads: a folder or hub repo id holding heads in specdec's, FasterDecoding's
+            Medusa or vLLM's Medusa layout (detected from the files), a MedusaHeads,
+            "random" (seeded random heads), or None (the embedded heads for the
+            default model, else none).
         device: "cpu", "cuda", ... (default: cuda when present).
         dtype: torch dtype or name (default: float32 on CPU, bfloat16 on CUDA).
         tokenizer: a tokenizer, to override or supply one for a model object.
@@ -106,11 +109,24 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
     elif heads == "random":
         head_mod = random_heads(hf_model)
     else:
-        if not os.path.isdir(str(heads)):
-            raise ValueError(f"`heads` path {str(heads)!r} does not exist (use a folder, 'random' or None)")
-        head_mod, tree_paths = load_heads(heads, hf_model)
+        head_mod, tree_paths, _ = read_heads(heads_folder(str(heads)), hf_model)
     engine = Engine(target, head_mod, tokenizer, tree_paths, prefix_cache)
     return Loaded(hf_model, tokenizer, head_mod, tree_paths, engine, name)
+
+
+def heads_folder(heads: str) -> str:
+    """A local heads folder, or a hub repo id ("owner/name") downloaded on first use."""
+    if os.path.isdir(heads):
+        return heads
+    if heads.count("/") != 1 or heads.startswith((".", "/")) or os.path.sep in heads.replace("/", "", 1):
+        raise ValueError(f"`heads` path {heads!r} does not exist (use a folder, a hub repo id, 'random' or None)")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:  # only the heads' own files, never a bundled base model
+        return snapshot_download(repo_id=heads, allow_patterns=["*.json", "*.safetensors", "medusa_lm_head.pt"])
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as e:
+        raise ValueError(f"`heads` {heads!r} is neither a local folder nor a downloadable hub repo ({e})") from e
 
 
 @dataclass(frozen=True)

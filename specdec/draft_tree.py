@@ -215,10 +215,22 @@ def expected_length(paths: tuple[Path, ...], acc: list[list[float]]) -> float:
 _PRIOR_TOP1 = (0.60, 0.40, 0.28, 0.20)
 _PRIOR = [[t * (0.45 ** r) / (1 + 0.2 * r) for r in range(10)] for t in _PRIOR_TOP1]
 
+# Medusa's published default tree for 5-head checkpoints (FasterDecoding/Medusa, `mc_sim_7b_63` in
+# medusa/model/medusa_choices.py): 63 rank paths found by simulation on Vicuna-7B, depths 1/2/3/4 =
+# 10/28/23/2. Kept as data, so published heads run with the tree they were tuned for.
+MC_SIM_7B_63: tuple[Path, ...] = tuple(tuple(p) for p in (
+    [0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0], [0, 5], [0, 0, 1],
+    [5], [0, 6], [6], [0, 7], [0, 1, 0], [1, 1], [7], [0, 8], [0, 0, 2], [3, 0], [0, 9], [8], [9], [1, 0, 0],
+    [0, 2, 0], [1, 2], [0, 0, 3], [4, 0], [2, 1], [0, 0, 4], [0, 0, 5], [0, 0, 0, 0], [0, 1, 1], [0, 0, 6],
+    [0, 3, 0], [5, 0], [1, 3], [0, 0, 7], [0, 0, 8], [0, 0, 9], [6, 0], [0, 4, 0], [1, 4], [7, 0], [0, 1, 2],
+    [2, 0, 0], [3, 1], [2, 2], [8, 0], [0, 5, 0], [1, 5], [1, 0, 1], [0, 2, 1], [9, 0], [0, 6, 0], [0, 0, 0, 1],
+    [1, 6], [0, 7, 0]))
+
 PRESETS: dict[str, tuple[Path, ...]] = {
     "chain": ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)),
     "small": best_tree(_PRIOR, 15),  # 16 nodes with the root
     "default": best_tree(_PRIOR, 63),  # 64 nodes with the root
+    "mc_sim_7b_63": MC_SIM_7B_63,  # Medusa's tree for its 5-head checkpoints, 64 nodes with the root
 }
 
 
