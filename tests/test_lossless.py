@@ -208,9 +208,9 @@ def test_chi2_helper_detects_a_small_bias():
 
 # -- end to end through the engine -------------------------------------------------
 
-def engine_counts(model, tree: str, n: int, seed0: int) -> np.ndarray:
+def engine_counts(model, tree: str, n: int, seed0: int, prefix_cache=None) -> np.ndarray:
     """Counts of (t2, t3): the first two tokens of the first speculative round."""
-    loaded = specdec.load(model, heads="random", device="cpu")
+    loaded = specdec.load(model, heads="random", device="cpu", prefix_cache=prefix_cache)
     counts = np.zeros((V, V))
     prompt = CONTEXT + [ROOT]
     accepted = []  # drafted tokens accepted in round 1
@@ -326,4 +326,46 @@ def test_engine_with_lookup_negative_control_always_accept(model, joint_after_fi
     counts, _ = lookup_counts(model, "first", N_CONTROL, seed0=20_000)
     p = chi2_pvalue(counts, joint_after_first_lookup)
     print(f"\n[engine + lookup] always-accept control p = {p:.4g}")
+    assert p < FAIL_P
+
+
+# -- a sliding-window model (Mistral), with the prefix cache on: the path that used to fail --------------
+
+@pytest.fixture(scope="module")
+def window_model():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, sliding_window=16, initializer_range=0.2, bos_token_id=None,
+                        eos_token_id=None, pad_token_id=None)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(3)
+    return MistralForCausalLM(cfg).float().eval()
+
+
+@pytest.fixture(scope="module")
+def window_joint(window_model):
+    prompt = CONTEXT + [ROOT]
+    p1 = exact_law(window_model, prompt)
+    return sum(p1[a] * exact_joint(window_model, prompt + [a]) for a in range(V) if p1[a] > 0)
+
+
+def test_sliding_window_model_with_prefix_cache_is_lossless(window_model, window_joint):
+    from specdec.prefix_cache import PrefixCache
+
+    cache = PrefixCache(min_tokens=1)  # every request after the first starts from a cached prefix
+    counts = engine_counts(window_model, "default", N_ENGINE, seed0=30_000, prefix_cache=cache)
+    assert cache.hits == N_ENGINE - 1
+    assert counts[window_joint == 0].sum() == 0
+    p = chi2_pvalue(counts, window_joint)
+    print(f"\n[engine, sliding window + prefix cache] chi-square p = {p:.4g}")
+    assert p > PASS_P
+
+
+def test_sliding_window_negative_control_ignores_the_filters(window_model, window_joint, monkeypatch):
+    """A planted bug: verification on the raw softmax (no temperature, no filters) must fail."""
+    monkeypatch.setattr(verifier_mod, "target_probs", lambda logits, params: torch.softmax(logits.float(), -1))
+    counts = engine_counts(window_model, "default", N_CONTROL, seed0=30_000)
+    p = chi2_pvalue(counts, window_joint)
+    print(f"\n[engine, sliding window] no-filters control p = {p:.4g}")
     assert p < FAIL_P
