@@ -10,13 +10,28 @@ import json
 import logging
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
+
+from .prompts import DEFAULT_FIELDS
+
+
+log = logging.getLogger("specdec.train")
 
 
 def _logging(path: Path) -> None:
+    """specdec.train's log to `path` and stderr; a second call (another run in the same process) replaces the first."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
-                        handlers=[logging.FileHandler(path), logging.StreamHandler(sys.stderr)])
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s")
+    for h in [h for h in log.handlers if getattr(h, "_specdec", False)]:
+        log.removeHandler(h)
+        h.close()
+    for h in (logging.FileHandler(path), logging.StreamHandler(sys.stderr)):
+        h.setFormatter(fmt)
+        h._specdec = True
+        log.addHandler(h)
+    log.setLevel(logging.INFO)
+    log.propagate = False
 
 
 def main(argv=None) -> int:
@@ -52,22 +67,46 @@ def main(argv=None) -> int:
     m.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch default)")
     m.add_argument("--no-resume", action="store_true")
 
-    h = sub.add_parser("heads", help="train Medusa heads for any HF causal LM (backbone frozen)")
+    h = sub.add_parser("heads", help="train Medusa heads for any HF causal LM (backbone frozen)",
+                       description="Self-distil the model on prompts (your --prompts file, a --dataset, or the local "
+                                   "Python corpus), train heads on its replies, write heads, metrics and a model card.")
     h.add_argument("--model", required=True, help="hub id or local path")
     h.add_argument("--out", required=True)
     h.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    h.add_argument("--dtype", default=None, help="backbone dtype (default: bfloat16 on CUDA, float32 on CPU)")
+    src = h.add_argument_group("data (default: windows of the local Python corpus)")
+    src.add_argument("--prompts", default=None,
+                     help="a file of prompts: .jsonl (one record per line), .json (a list of records), or text "
+                          "(one prompt per line). A record is a prompt string, a chat (list of {role, content}) "
+                          "or an object holding one of those (see --field)")
+    src.add_argument("--dataset", default=None, help="a `datasets` name or path (needs `pip install datasets`)")
+    src.add_argument("--split", default="train", help="--dataset split")
+    src.add_argument("--field", default=None,
+                     help=f"the record field with the prompt or chat (default: the first of {', '.join(DEFAULT_FIELDS)})")
+    src.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                     help="render prompts with the tokenizer's chat template (default: on when it has one)")
+    src.add_argument("--max-prompt-len", type=int, default=256, help="--prompts/--dataset: keep the last N tokens")
     h.add_argument("--num-heads", type=int, default=4)
     h.add_argument("--num-layers", type=int, default=1)
     h.add_argument("--shared-lm-head", action="store_true", help="reuse the model's lm_head (small on disk)")
-    h.add_argument("--num-seqs", type=int, default=4096)
-    h.add_argument("--valid-seqs", type=int, default=256)
-    h.add_argument("--prompt-len", type=int, default=48)
-    h.add_argument("--gen-len", type=int, default=192)
-    h.add_argument("--gen-batch", type=int, default=256)
+    h.add_argument("--num-seqs", type=int, default=None,
+                   help="training sequences (default: 4096 corpus windows, or each of your training prompts once)")
+    h.add_argument("--valid-seqs", type=int, default=256,
+                   help="held-out prompts (for your data: at most a tenth of the records)")
+    h.add_argument("--prompt-len", type=int, default=48, help="corpus window length in tokens")
+    h.add_argument("--gen-len", type=int, default=192, help="new tokens per prompt (fewer when the model ends its reply)")
+    h.add_argument("--gen-batch", type=int, default=0,
+                   help="rows per generate call (0 = auto: 128 on CPU, the largest that fits on CUDA)")
+    h.add_argument("--greedy-frac", type=float, default=0.75, help="share of greedy rows; the rest sample at T=0.7, top-p 0.95")
+    h.add_argument("--cache", default=None, help="distillation cache folder (default: OUT/distill)")
+    h.add_argument("--resume", action="store_true", help="continue a cut distillation from its cached shards")
     h.add_argument("--batch-size", type=int, default=32)
     h.add_argument("--lr", type=float, default=1e-3)
     h.add_argument("--max-seconds", type=float, default=120.0)
     h.add_argument("--max-steps", type=int, default=0)
+    h.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for the greedy mean accepted length (0 = skip)")
+    h.add_argument("--eval-tokens", type=int, default=64)
+    h.add_argument("--seed", type=int, default=0)
 
     tr = sub.add_parser("tree", help="pick the tree for trained heads: best expected length per ms on this machine")
     tr.add_argument("--model", required=True)
@@ -81,6 +120,8 @@ def main(argv=None) -> int:
     tr.add_argument("--lookup", type=int, default=10, help="prompt lookup while measuring (the product default)")
 
     a = ap.parse_args(argv)
+    if a.cmd == "heads":
+        _check_heads_args(ap, a)
     if a.cmd == "tree":
         if a.measure is not None:
             from ..lookup import MAX_LOOKUP
@@ -116,23 +157,95 @@ def main(argv=None) -> int:
                            resume=not a.no_resume)
         print(json.dumps({k: v for k, v in metrics.items() if k != "config"}))
     elif a.cmd == "heads":
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        return _heads(ap, a, argv)
+    return 0
 
-        from .medusa import train_heads
-        if (os.path.sep in a.model or a.model.startswith(".")) and not os.path.isdir(a.model):
-            ap.error(f"--model path {a.model!r} does not exist")
-        try:
-            model = AutoModelForCausalLM.from_pretrained(a.model, dtype="float32")
-            tok = AutoTokenizer.from_pretrained(a.model)
-        except OSError as e:
-            ap.error(f"cannot load --model {a.model!r}: {e}")
+
+def _check_heads_args(ap, a) -> None:
+    if a.prompts is not None and a.dataset is not None:
+        ap.error("heads: give --prompts or --dataset, not both")
+    for name, low in (("num_seqs", 1), ("valid_seqs", 0), ("prompt_len", 1), ("max_prompt_len", 1), ("gen_len", 1),
+                      ("gen_batch", 0), ("batch_size", 1), ("max_steps", 0), ("eval_prompts", 0), ("eval_tokens", 1),
+                      ("num_heads", 1), ("num_layers", 0)):
+        value = getattr(a, name)
+        if value is not None and value < low:
+            ap.error(f"heads: --{name.replace('_', '-')} must be >= {low}, got {value}")
+    if not 0 <= a.greedy_frac <= 1:
+        ap.error(f"heads: --greedy-frac must be in [0, 1], got {a.greedy_frac}")
+    if (os.path.sep in a.model or a.model.startswith(".")) and not os.path.isdir(a.model):
+        ap.error(f"--model path {a.model!r} does not exist")
+
+
+def _heads(ap, a, argv) -> int:
+    """Prompts -> distillation (cached) -> heads -> held-out accuracy and mean accepted length -> model card."""
+    import shlex
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .card import write_card
+    from .medusa import measure_tau, train_heads
+    from .prompts import (PromptSource, corpus_prompts, has_chat_template, prompt_ids, read_dataset,
+                          read_prompt_file, repeat_to, split_records)
+    dev = torch.device(a.device)
+    dtype = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+             "float32": torch.float32, "fp32": torch.float32}.get(a.dtype or "", None)
+    if a.dtype is not None and dtype is None:
+        ap.error(f"heads: --dtype must be bfloat16, float16 or float32, got {a.dtype!r}")
+    dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype)
+        tok = AutoTokenizer.from_pretrained(a.model)
+    except OSError as e:
+        ap.error(f"cannot load --model {a.model!r}: {e}")
+    try:
+        if a.prompts is None and a.dataset is None:
+            if a.chat:
+                ap.error("heads: --chat needs your own prompts (--prompts or --dataset); corpus windows are raw code")
+            n = a.num_seqs or 4096
+            train_ids = corpus_prompts(tok, "train", n, a.prompt_len, a.seed).tolist()
+            valid_ids = corpus_prompts(tok, "valid", a.valid_seqs, a.prompt_len, a.seed + 1).tolist() if a.valid_seqs else []
+            source = PromptSource("corpus", "local Python corpus", n + a.valid_seqs, False)
+        else:
+            if a.prompts is not None:
+                records, kind, name = read_prompt_file(a.prompts, a.field), "file", a.prompts
+            else:
+                records, kind, name = read_dataset(a.dataset, a.split, a.field), "dataset", a.dataset
+            chat = has_chat_template(tok) if a.chat is None else a.chat
+            if chat and not has_chat_template(tok):
+                ap.error(f"heads: --chat needs a chat template, and the tokenizer of {a.model!r} has none")
+            train_recs, valid_recs = split_records(records, a.valid_seqs, a.seed)
+            train_ids = [prompt_ids(tok, r, chat, a.max_prompt_len) for r in train_recs]
+            valid_ids = [prompt_ids(tok, r, chat, a.max_prompt_len) for r in valid_recs]
+            if a.num_seqs:
+                train_ids = repeat_to(train_ids, a.num_seqs)
+            source = PromptSource(kind, name, len(records), chat)
+            log.info("%d records from %s %s (chat template: %s): %d training and %d held-out prompts",
+                         len(records), kind, name, chat, len(train_ids), len(valid_ids))
+        if not valid_ids:
+            ap.error("heads: the held-out accuracy needs --valid-seqs >= 1 (and at least 2 records)")
+        out = Path(a.out)
         variant = {"num_heads": a.num_heads, "num_layers": a.num_layers, "shared_lm_head": a.shared_lm_head}
-        metrics = train_heads(model, tok, out, {"heads": variant}, num_seqs=a.num_seqs, prompt_len=a.prompt_len,
-                              gen_len=a.gen_len, gen_batch=a.gen_batch, batch=a.batch_size, lr=a.lr,
-                              max_seconds=a.max_seconds, max_steps=a.max_steps, valid_seqs=a.valid_seqs,
-                              device=a.device)
-        v = metrics["variants"]["heads"]
-        print(json.dumps({"top1": v["top1"], "top5": v["top5"], "out": str(out / "heads")}))
+        metrics = train_heads(model, tok, out, {"heads": variant}, prompt_len=a.prompt_len, gen_len=a.gen_len,
+                              gen_batch=a.gen_batch, batch=a.batch_size, lr=a.lr, max_seconds=a.max_seconds,
+                              max_steps=a.max_steps, device=a.device, seed=a.seed, train_prompts=train_ids,
+                              valid_prompts=valid_ids, cache_dir=a.cache, resume=a.resume,
+                              greedy_frac=a.greedy_frac)
+    except ValueError as e:
+        ap.error(f"heads: {e}")
+    heads_dir = out / "heads"
+    if a.eval_prompts:
+        metrics["tau"] = measure_tau(model, tok, heads_dir, valid_ids[: a.eval_prompts], a.eval_tokens, a.device)
+        log.info("greedy mean accepted length on %d held-out prompts: %.2f", metrics["tau"]["prompts"],
+                     metrics["tau"]["mean_accepted_length"])
+    metrics["card"] = {"base_model": getattr(model.config, "_name_or_path", a.model) or a.model, "model_arg": a.model,
+                       "heads_dir_hint": str(heads_dir), "data": asdict(source),
+                       "command": "python -m specdec.train " + shlex.join(sys.argv[1:] if argv is None else argv)}
+    (out / "heads_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    write_card(metrics, "heads", heads_dir)
+    v = metrics["variants"]["heads"]
+    print(json.dumps({"top1": v["top1"], "top5": v["top5"], "out": str(heads_dir),
+                      "mean_accepted_length": metrics.get("tau", {}).get("mean_accepted_length")}))
     return 0
 
 
@@ -175,6 +288,9 @@ def _tree(a) -> int:
     best = next(r for r in result["candidates"] if r["nodes"] == result["chosen_nodes"])
     heads.save(heads_dir, [tuple(p) for p in best["paths"]], dtype=torch.float16)
     (heads_dir / "tree_choice.json").write_text(json.dumps(result, indent=2) + "\n")
+    if "card" in metrics and variant in metrics["variants"]:
+        from .card import write_card
+        write_card(metrics, variant, heads_dir)
     for r in result["candidates"]:
         print(f"{r['nodes']:3d} nodes  E[L]={r['expected_length']:.2f}  forward={r['forward_ms']:.1f} ms  "
               f"{r['tokens_per_ms']:.3f} tok/ms"

@@ -1,18 +1,17 @@
-"""Medusa-1 head training by self-distillation.
+"""Medusa-1 head training on self-distilled data.
 
 The backbone is frozen. Training text is the backbone's own continuation
-of corpus prompts (Medusa's recommendation): heads then learn what the
-target will actually say, which is what verification rewards. Head k
-(0-based) reads the hidden state at t and predicts token t+k+2; its loss
-is weighted 0.8**k. Several head variants can train side by side on the
-same hidden states, so a choice between them is a measurement.
+of prompts (`distill.py`): heads then learn what the target will actually
+say, which is what verification rewards, and only the generated tokens are
+targets. Head k (0-based) reads the hidden state at t and predicts token
+t+k+2; its loss is weighted 0.8**k. Several head variants can train side
+by side on the same hidden states, so a choice between them is a measurement.
 """
 from __future__ import annotations
 
 import json
 import logging
 import math
-import random
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -20,112 +19,68 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm import tqdm
-from transformers import DynamicCache
 
 from ..draft_tree import best_tree, expected_length
 from ..heads import HeadsConfig, MedusaHeads, target_dims
-from ..sampler import SamplingParams, filter_logits
-from .corpus import iter_source_files, read_text
+from .distill import DistillConfig, Distilled, distill, eos_ids, pad_id
+from .prompts import corpus_prompts
+
+__all__ = ["corpus_prompts", "train_heads", "head_losses", "head_accuracy", "measure_tau", "choose_tree"]
 
 log = logging.getLogger("specdec.train")
 
 
-def corpus_prompts(tokenizer, split: str, n: int, length: int, seed: int = 0, max_files: int = 20000) -> torch.Tensor:
-    """n random windows of `length` tokens from the local Python corpus: [n, length] long.
-
-    Works with any tokenizer, so heads can be trained for any model.
-    """
-    files = [f for f in iter_source_files() if f.split == split]
-    rng = random.Random(seed)
-    rng.shuffle(files)
-    out: list[list[int]] = []
-    for f in files[:max_files]:
-        text = read_text(f)
-        if not text:
-            continue
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(ids) <= length:
-            continue
-        for _ in range(min(4, max(1, len(ids) // (4 * length)))):
-            s = rng.randrange(0, len(ids) - length)
-            out.append(ids[s : s + length])
-        if len(out) >= n:
-            break
-    if not out:
-        raise ValueError(f"no corpus file in split {split!r} is longer than {length} tokens")
-    while len(out) < n:  # tiny corpora (tests): reuse windows
-        out.append(out[len(out) % max(1, len(out))])
-    return torch.tensor(out[:n], dtype=torch.long)
+def _targets(hidden: torch.Tensor, seq: torch.Tensor, gen: torch.Tensor, shift: int):
+    """Hidden states [M, H] and their targets [M] at the positions whose token t+shift was generated."""
+    keep = gen[:, shift:]  # [B, T-shift]
+    return hidden[:, :-shift][keep], seq[:, shift:][keep]
 
 
-@torch.no_grad()
-def distill(model, prompts: torch.Tensor, gen_len: int, batch: int, greedy_frac: float = 0.75,
-            temperature: float = 0.7, top_p: float = 0.95, seed: int = 0, device="cpu") -> torch.Tensor:
-    """The backbone's own continuations: [n, prompt + gen_len] long, on the CPU.
-
-    Most rows are greedy (what greedy verification checks against), the
-    rest sampled with a typical sampler setting, so heads also see the
-    kind of text lossless sampling produces.
-    """
-    gen = torch.Generator(device=device).manual_seed(seed)
-    params = SamplingParams(temperature=temperature, top_p=top_p)
-    rows = []
-    n = prompts.shape[0]
-    base, head = model.base_model, model.get_output_embeddings()
-    for i in tqdm(range(0, n, batch), desc="distill"):
-        x = prompts[i : i + batch].to(device)
-        B = x.shape[0]
-        greedy = torch.rand(B, generator=gen, device=device) < greedy_frac  # [B]
-        cache = DynamicCache(config=model.config)
-        h = base(input_ids=x, past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
-        seq = [x]
-        for _ in range(gen_len):
-            logits = head(h).float()  # [B, V]
-            g = logits.argmax(-1)
-            s = torch.multinomial(torch.softmax(filter_logits(logits, params), -1), 1, generator=gen)[:, 0]
-            tok = torch.where(greedy, g, s)[:, None]
-            seq.append(tok)
-            h = base(input_ids=tok, past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
-        rows.append(torch.cat(seq, 1).cpu())
-    return torch.cat(rows)
-
-
-def head_losses(heads: MedusaHeads, hidden: torch.Tensor, seq: torch.Tensor, weight_decay_base: float = 0.8):
-    """Weighted Medusa loss and per-head losses. hidden: [B, T, H], seq: [B, T]."""
-    K = heads.config.num_heads
+def head_losses(heads: MedusaHeads, hidden: torch.Tensor, seq: torch.Tensor, gen: torch.Tensor,
+                weight_decay_base: float = 0.8):
+    """Weighted Medusa loss and per-head losses. hidden: [B, T, H], seq and gen (targets): [B, T]."""
     total, parts = 0.0, []
-    for k in range(K):
-        shift = k + 2
-        h = heads.blocks[k](hidden[:, :-shift])  # [B, T-shift, H]
-        logits = heads.project(k, h).float()  # [B, T-shift, V]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), seq[:, shift:].reshape(-1))
+    for k in range(heads.config.num_heads):
+        h, y = _targets(hidden, seq, gen, k + 2)  # [M, H], [M]
+        if y.numel() == 0:
+            parts.append(float("nan"))
+            continue
+        logits = heads.project(k, heads.blocks[k](h)).float()  # [M, V]
+        loss = torch.nn.functional.cross_entropy(logits, y)
         total = total + (weight_decay_base ** k) * loss
         parts.append(float(loss.detach()))
     return total, parts
 
 
 @torch.no_grad()
-def head_accuracy(heads: MedusaHeads, hidden: torch.Tensor, seq: torch.Tensor, ranks: int = 10) -> list[list[float]]:
-    """acc[k][r]: fraction of positions where head k's rank-r guess is the true token t+k+2."""
-    out = []
-    for k in range(heads.config.num_heads):
-        shift = k + 2
-        logits = heads.project(k, heads.blocks[k](hidden[:, :-shift])).float()
-        top = torch.topk(logits, ranks, dim=-1).indices  # [B, T-shift, R]
-        hit = (top == seq[:, shift:, None]).float().reshape(-1, ranks).mean(0)  # [R]
-        out.append(hit.tolist())
-    return out
+def head_accuracy(heads: MedusaHeads, hidden: torch.Tensor, seq: torch.Tensor, gen: torch.Tensor,
+                  ranks: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """Hits [K, R] (head k's rank-r guess is the true token t+k+2) and the positions counted [K]."""
+    K = heads.config.num_heads
+    hits, counts = np.zeros((K, ranks)), np.zeros(K)
+    for k in range(K):
+        h, y = _targets(hidden, seq, gen, k + 2)
+        if y.numel() == 0:
+            continue
+        top = torch.topk(heads.project(k, heads.blocks[k](h)).float(), ranks, dim=-1).indices  # [M, R]
+        hits[k] = (top == y[:, None]).float().sum(0).cpu().numpy()
+        counts[k] = y.numel()
+    return hits, counts
 
 
 def train_heads(model, tokenizer, out_dir: str | Path, variants: dict[str, dict], *, num_seqs: int = 4096,
-                prompt_len: int = 48, gen_len: int = 192, gen_batch: int = 256, batch: int = 32,
+                prompt_len: int = 48, gen_len: int = 192, gen_batch: int = 0, batch: int = 32,
                 lr: float = 1e-3, max_seconds: float = 120.0, max_steps: int = 0, valid_seqs: int = 256,
-                tree_budgets=(15, 31, 63), device: str = "cpu", seed: int = 0, data_seconds: float = 0.0) -> dict:
-    """Distil, train every head variant on the same hidden states, evaluate, save.
+                tree_budgets=(15, 31, 63), device: str = "cpu", seed: int = 0,
+                train_prompts: list[list[int]] | None = None, valid_prompts: list[list[int]] | None = None,
+                cache_dir: str | Path | None = None, resume: bool = False, greedy_frac: float = 0.75) -> dict:
+    """Distil (or load the cached distillation), train every head variant on the same hidden states, evaluate, save.
 
-    Returns metrics per variant: per-head top-1/top-5 accuracy on held-out
-    (validation-split) prompts, the accuracy table, and the best tree for
-    each node budget with its expected accepted length.
+    Prompts default to `num_seqs` / `valid_seqs` windows of `prompt_len`
+    tokens from the local Python corpus; pass token lists to use your own.
+    The cache defaults to out_dir/distill. Returns metrics per variant:
+    per-head top-1/top-5 accuracy on the held-out prompts' greedy
+    continuations, the accuracy table, and the best tree for each node budget.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -134,47 +89,54 @@ def train_heads(model, tokenizer, out_dir: str | Path, variants: dict[str, dict]
     for p in model.parameters():
         p.requires_grad_(False)
     hidden_size, vocab = target_dims(model)
+    if train_prompts is None:
+        train_prompts = corpus_prompts(tokenizer, "train", num_seqs, prompt_len, seed).tolist()
+    if valid_prompts is None:
+        valid_prompts = corpus_prompts(tokenizer, "valid", valid_seqs, prompt_len, seed + 1).tolist()
+    cache = Path(cache_dir) if cache_dir is not None else out / "distill"
+    eos = eos_ids(model, tokenizer)
+    pad = pad_id(tokenizer, eos)
     t0 = time.perf_counter()
-    valid = distill(model, corpus_prompts(tokenizer, "valid", valid_seqs, prompt_len, seed + 1), gen_len,
-                    gen_batch, greedy_frac=1.0, seed=seed + 1, device=dev)
-    train = distill(model, corpus_prompts(tokenizer, "train", num_seqs, prompt_len, seed), gen_len, gen_batch,
-                    seed=seed, device=dev)
+    valid = distill(model, valid_prompts, DistillConfig(gen_len, gen_batch, 1.0, seed=seed + 1), cache / "valid",
+                    eos, pad, resume, desc="distill held-out")
+    train = distill(model, train_prompts, DistillConfig(gen_len, gen_batch, greedy_frac, seed=seed), cache / "train",
+                    eos, pad, resume, desc="distill train")
     distill_s = time.perf_counter() - t0
-    log.info("distilled %d train and %d valid sequences in %.0f s", len(train), len(valid), distill_s)
+    log.info("distilled %d train sequences (%d new tokens) and %d held-out in %.0f s", len(train),
+             train.generated_tokens, len(valid), distill_s)
     name = getattr(model.config, "_name_or_path", None) or type(model).__name__
-    heads = {k: MedusaHeads(HeadsConfig(hidden_size, vocab, base_model=name, **v), model.get_output_embeddings()).to(dev)
-             for k, v in variants.items()}
+    heads = {k: MedusaHeads(HeadsConfig(hidden_size, vocab, base_model=name, **v), model.get_output_embeddings())
+             .to(dev, torch.float32) for k, v in variants.items()}
     params = [p for h in heads.values() for p in h.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
     rng = np.random.default_rng(seed)
     step, t_start = 0, time.perf_counter()
     base = model.base_model
-    bar = tqdm(desc="heads", total=max_steps or None)
+    bar = tqdm(desc="heads", total=max_steps or None, unit="step")
 
     def done() -> bool:
         if max_steps:
             return step >= max_steps
         return time.perf_counter() - t_start >= max_seconds
 
-    est_total = max_steps or 10**9
     while not done():
-        idx = torch.from_numpy(rng.integers(0, len(train), size=batch))
-        seq = train[idx].to(dev)
+        seq, gen = train.batch(rng.integers(0, len(train), size=batch), pad)
+        seq, gen = seq.to(dev), gen.to(dev)
         with torch.no_grad(), autocast:
-            hidden = base(input_ids=seq).last_hidden_state
+            hidden = base(input_ids=seq).last_hidden_state  # [B, T, H]; right padding: no mask needed
         hidden = hidden.float()
-        frac = step / est_total if max_steps else (time.perf_counter() - t_start) / max_seconds
+        frac = step / max_steps if max_steps else (time.perf_counter() - t_start) / max_seconds
         for g in opt.param_groups:  # cosine decay after a short warm-up
             g["lr"] = lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
         loss = 0.0
         with autocast:
             for h in heads.values():
-                l, _ = head_losses(h, hidden, seq)
-                loss = loss + l
+                loss = loss + head_losses(h, hidden, seq, gen)[0]
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        if isinstance(loss, torch.Tensor):
+            loss.backward()
+            opt.step()
         step += 1
         bar.update(1)
         if step % 100 == 0:
@@ -183,18 +145,21 @@ def train_heads(model, tokenizer, out_dir: str | Path, variants: dict[str, dict]
     bar.close()
     train_s = time.perf_counter() - t_start
     metrics = {"distill_seconds": distill_s, "train_seconds": train_s, "steps": step,
-               "train_sequences": len(train), "valid_sequences": len(valid), "prompt_len": prompt_len,
-               "gen_len": gen_len, "variants": {}}
+               "steps_per_second": step / train_s if train_s > 0 else 0.0,
+               "train_sequences": len(train), "valid_sequences": len(valid),
+               "train_generated_tokens": train.generated_tokens, "prompt_len": prompt_len,
+               "gen_len": gen_len, "distill_cache": str(cache), "variants": {}}
     for key, h in heads.items():
         h.eval()
-        accs = []
+        hits, counts = 0.0, 0.0
         for i in range(0, len(valid), batch):
-            seq = valid[i : i + batch].to(dev)
+            seq, gen = valid.batch(range(i, min(i + batch, len(valid))), pad)
+            seq, gen = seq.to(dev), gen.to(dev)
             with torch.no_grad(), autocast:
                 hidden = base(input_ids=seq).last_hidden_state.float()
-            # only the generated part: that is the text the target writes
-            accs.append(np.array(head_accuracy(h, hidden[:, prompt_len - 1 :], seq[:, prompt_len - 1 :])))
-        acc = np.mean(accs, axis=0).tolist()  # [K, R]
+                hk, ck = head_accuracy(h, hidden, seq, gen)
+            hits, counts = hits + hk, counts + ck
+        acc = (hits / np.maximum(counts, 1)[:, None]).tolist()  # [K, R]
         trees = {}
         for b in tree_budgets:
             paths = best_tree(acc, b)
@@ -202,7 +167,7 @@ def train_heads(model, tokenizer, out_dir: str | Path, variants: dict[str, dict]
         metrics["variants"][key] = {
             "config": asdict(h.config), "acc": acc,
             "top1": [a[0] for a in acc], "top5": [sum(a[:5]) for a in acc], "trees": trees,
-            "params": sum(p.numel() for p in h.parameters()),
+            "params": sum(p.numel() for p in h.parameters()), "eval_positions": counts.tolist(),
         }
         d = out / key
         default_budget = str(tree_budgets[len(tree_budgets) // 2] + 1)
@@ -211,6 +176,29 @@ def train_heads(model, tokenizer, out_dir: str | Path, variants: dict[str, dict]
                  [round(a, 3) for a in metrics["variants"][key]["top5"]])
     (out / "heads_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics
+
+
+def measure_tau(model, tokenizer, heads_dir: str | Path, prompts: list[list[int]], new_tokens: int = 64,
+                device: str = "cpu") -> dict:
+    """Greedy mean accepted length (tokens per decoding forward, bonus included) of the saved heads alone (no lookup).
+
+    Pooled over `prompts` (held-out): decoding-round tokens over decoding rounds.
+    Also checks every output against plain greedy decoding.
+    """
+    from .. import api
+
+    loaded = api.load(model, str(heads_dir), device=device, tokenizer=tokenizer)
+    tokens = rounds = same = 0
+    for ids in prompts:
+        res = api.generate(loaded, prompt_ids=list(ids), max_new_tokens=new_tokens, lookup=0)
+        plain = api.generate(loaded, prompt_ids=list(ids), max_new_tokens=new_tokens, speculative=False)
+        decode = [r for r in res.rounds if r.index > 0]
+        tokens += sum(len(r.emitted) for r in decode)
+        rounds += len(decode)
+        same += res.token_ids == plain.token_ids
+    return {"prompts": len(prompts), "new_tokens": new_tokens, "lookup": 0,
+            "mean_accepted_length": tokens / rounds if rounds else float("nan"),
+            "identical_to_greedy": same}
 
 
 def forward_cost_ms(model, nodes: int, prefix: int = 128, repeats: int = 15) -> float:
