@@ -117,17 +117,18 @@ class Engine:
         return ids
 
     def check_window(self, prompt_tokens: int, max_new_tokens: int) -> None:
-        """Refuse, before any token, a request that would outrun a sliding (or chunked) attention window.
+        """Refuse, before any token, a request that would outrun a window the tree masks cannot express.
 
-        Within the smallest window every layer sees the whole sequence, so full attention is exact;
-        beyond it a windowed layer must forget old tokens, which the tree's mask does not express.
+        Sliding windows are folded into the tree's mask where the model allows it (`TargetModel`);
+        chunked attention, several window sizes, or a mixed model that takes one mask for all layers
+        are exact only within the smallest window, where every layer sees the whole sequence.
         """
-        window = self.target.window
+        window = self.target.exact_limit
         if window is not None and prompt_tokens + max_new_tokens > window:
             raise ValueError(
                 f"`max_new_tokens` = {max_new_tokens} with a {prompt_tokens}-token prompt needs "
-                f"{prompt_tokens + max_new_tokens} positions, but this model has sliding-window attention layers "
-                f"with a window of {window} tokens, and specdec decodes them exactly only within the window: "
+                f"{prompt_tokens + max_new_tokens} positions, but this model has sliding-window (or chunked) attention "
+                f"layers with a window of {window} tokens that specdec decodes exactly only within the window: "
                 f"use max_new_tokens <= {max(window - prompt_tokens, 0)} (or a shorter prompt)")
 
     def next_logits(self, prompt_ids) -> torch.Tensor:

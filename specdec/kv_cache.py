@@ -17,6 +17,8 @@ so the result is exact there; `Engine` refuses requests that would outrun it.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import get_layer_types_and_kwargs
@@ -26,8 +28,22 @@ _WINDOWED = ("sliding_attention", "chunked_attention")
 SUPPORTED_LAYER_TYPES = ("full_attention",) + _WINDOWED
 
 
-def attention_layout(config) -> tuple[tuple[str, ...], int | None]:
-    """(layer types, the smallest sliding/chunk window or None) of a model config.
+@dataclass(frozen=True)
+class AttentionLayout:
+    """Per decoder layer: its attention type and its window (None for full attention)."""
+
+    types: tuple[str, ...]
+    windows: tuple[int | None, ...]
+
+    @property
+    def window(self) -> int | None:
+        """The smallest sliding or chunk window, or None when every layer attends to everything."""
+        ws = [w for w in self.windows if w]
+        return min(ws) if ws else None
+
+
+def attention_layout(config) -> AttentionLayout:
+    """The attention layout of a model config, as HF's own cache builder reads it.
 
     Raises ValueError naming the layer type when a layer keeps state a tree rollback cannot
     restore: linear attention, state-space and other recurrent or hybrid layers, shared KV.
@@ -39,8 +55,9 @@ def attention_layout(config) -> tuple[tuple[str, ...], int | None]:
         raise ValueError(f"{type(text).__name__} has {bad[0]!r} layers ({', '.join(bad)}): their cache is "
                          "recurrent or shared state, which speculative tree rollback cannot restore exactly. "
                          f"specdec supports layers of type {', '.join(SUPPORTED_LAYER_TYPES)}")
-    windows = [kw["sliding_window"] for t, kw in zip(types, kwargs) if t in _WINDOWED and kw.get("sliding_window")]
-    return tuple(types), (min(int(w) for w in windows) if windows else None)
+    windows = tuple(int(kw["sliding_window"]) if t in _WINDOWED and kw.get("sliding_window") else None
+                    for t, kw in zip(types, kwargs))
+    return AttentionLayout(tuple(types), windows)
 
 
 def new_cache(model) -> DynamicCache:

@@ -28,12 +28,15 @@ class TargetModel:
     def __init__(self, model: nn.Module) -> None:
         self.model = model.eval()
         self.base = model.base_model
+        if self.base is model:  # e.g. Llama-4, whose `base_model_prefix` names no attribute of its causal LM
+            self.base = getattr(model, "model", model)
         self.lm_head = model.get_output_embeddings()
         if self.lm_head is None or self.base is model:
             raise ValueError(f"{type(model).__name__} is not a causal LM with a separate output projection")
         cfg = model.config
         # Decided once, at load: refuse what cannot roll back, switch what would ignore the tree mask.
-        self.layer_types, self.window = kv_cache.attention_layout(cfg)
+        self.layout = kv_cache.attention_layout(cfg)
+        self.window = self.layout.window
         impl = getattr(cfg, "_attn_implementation", None) or "eager"
         if impl not in MASK_AWARE_ATTENTION:
             log.warning("attention implementation %r ignores a 4D tree mask; switching %s to 'sdpa'",
@@ -51,6 +54,47 @@ class TargetModel:
         self.max_length = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
+        self.window_mode = self._window_mode()
+        # The last position a request may reach exactly: None (no limit) once the window is in the masks.
+        self.exact_limit = self.window if self.window_mode == "bounded" else None
+
+    def _window_mode(self) -> str | None:
+        """How a tree's mask reaches sliding-window layers.
+
+        A tree forward passes its own 4D mask, which HF then hands to every layer as it is; past the
+        window a sliding layer must also stop seeing the oldest tokens, so the window goes into the mask:
+        - "uniform": every layer slides by the same window (Mistral, Phi-3, Mixtral): one windowed mask;
+        - "mapping": full and sliding layers mixed (Gemma-2/3, Qwen2/3): a mask per layer type, which
+          those models accept as a dict keyed by layer type (checked here with a 2-token probe);
+        - "bounded": anything else (chunked attention, several window sizes): exact only within the
+          smallest window, and `Engine` refuses longer requests before their first token.
+        """
+        windows = {w for w in self.layout.windows if w}
+        if not windows:
+            return None
+        kinds = set(self.layout.types)
+        if len(windows) > 1 or "chunked_attention" in kinds:
+            return "bounded"
+        if kinds == {"sliding_attention"}:
+            return "uniform"
+        return "mapping" if self._accepts_mask_mapping() else "bounded"
+
+    @torch.inference_mode()
+    def _accepts_mask_mapping(self) -> bool:
+        """Does the model take {layer type: 4D mask} and apply it? Two tokens, with token 0 hidden from
+        token 1 in every layer: if the mapping is applied, token 1's hidden state changes."""
+        ids = torch.tensor([[1, 2]], device=self.device)
+        neg = torch.finfo(self.dtype).min
+        blind = torch.tensor([[0.0, neg], [neg, 0.0]], dtype=self.dtype, device=self.device)[None, None]
+        try:
+            free = self.base(input_ids=ids, use_cache=False).last_hidden_state[0, 1]
+            masked = self.base(input_ids=ids, use_cache=False, attention_mask={t: blind for t in set(
+                self.layout.types)}).last_hidden_state[0, 1]
+        except (TypeError, AttributeError, KeyError, ValueError, RuntimeError) as e:
+            log.info("%s does not take per-layer-type masks (%s): exact only within its %d-token window",
+                     type(self.model).__name__, e, self.window)
+            return False
+        return not torch.allclose(free, masked)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache, tree_mask: torch.Tensor | None = None,
@@ -67,10 +111,18 @@ class TargetModel:
         kwargs = {}
         if tree_mask is not None:
             neg = torch.finfo(self.dtype).min
-            mask = torch.zeros(1, 1, T, past + T, dtype=self.dtype, device=self.device)
+            deepest = past + int(depth.max())  # depth is host data: no device sync
+            pos = depth.to(self.device) + past
+            mask = torch.zeros(1, 1, T, past + T, dtype=self.dtype, device=self.device)  # [1, 1, T, past + T]
             mask[0, 0, :, past:].masked_fill_(~tree_mask.to(self.device), neg)
             kwargs["attention_mask"] = mask
-            pos = depth.to(self.device) + past
+            if self.window_mode in ("uniform", "mapping") and deepest >= self.window:
+                # HF's sliding rule: query position q sees key position k iff k > q - window.
+                key_pos = torch.cat([torch.arange(past, device=self.device), pos])  # [past + T]
+                hidden = key_pos[None, :] <= pos[:, None] - self.window  # [T, past + T]
+                windowed = mask.masked_fill(hidden[None, None], neg)
+                kwargs["attention_mask"] = windowed if self.window_mode == "uniform" else {
+                    "full_attention": mask, "sliding_attention": windowed}
         else:
             pos = torch.arange(past, past + T, device=self.device)
         out = self.base(input_ids=input_ids.to(self.device)[None], position_ids=pos[None],

@@ -103,7 +103,7 @@ import logging  # noqa: E402
 import transformers as hf  # noqa: E402
 
 import specdec  # noqa: E402
-from conftest import hf_greedy  # noqa: E402
+from conftest import hf_greedy, oracle_loaded  # noqa: E402
 from specdec.prefix_cache import PrefixCache  # noqa: E402
 
 _SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -139,12 +139,14 @@ def hub_model(name: str):
 
 @pytest.mark.parametrize("name", list(WINDOWED))
 def test_sliding_window_models_decode_exactly(name):
-    """Greedy output equals HF generate, with and without the prefix cache, speculative and plain,
-    up to the last position the window allows (prompt + max_new_tokens = window)."""
+    """Greedy output equals HF generate (HF's own sliding caches) to twice the window, with and without
+    the prefix cache, speculative (random heads + lookup, and oracle heads that accept long paths) and plain."""
     model = hub_model(name)
-    window = specdec.load(model, heads="random").engine.target.window
-    assert window == (4096 if name == "mistral-default" else WINDOW)
-    n = min(window, 64) - len(LONG_PROMPT)
+    target = specdec.load(model, heads="random").engine.target
+    assert target.window == (4096 if name == "mistral-default" else WINDOW)
+    assert target.window_mode == ("mapping" if name in ("gemma2", "gemma3", "qwen2", "qwen3") else "uniform")
+    assert target.exact_limit is None  # the window is folded into the masks: no length limit
+    n = 2 * WINDOW
     ref = hf_greedy(model, LONG_PROMPT, n)
     for prefix_cache in (None, PrefixCache()):
         loaded = specdec.load(model, heads="random", prefix_cache=prefix_cache)
@@ -155,16 +157,47 @@ def test_sliding_window_models_decode_exactly(name):
                 assert out.token_ids == ref, (name, prefix_cache is not None, speculative)
         if prefix_cache is not None:
             assert prefix_cache.hits >= 3
+    oracle, _ = oracle_loaded(model, LONG_PROMPT, n)
+    out = specdec.generate(oracle, prompt_ids=LONG_PROMPT, max_new_tokens=n, eos_token_id=None, lookup=0)
+    assert out.token_ids == ref
+    assert out.stats["mean_accepted_length"] > 3  # long accepted paths cross the window edge
 
 
-@pytest.mark.parametrize("name", ["mistral", "gemma2"])
-def test_request_past_the_window_is_refused_before_any_token(name):
-    loaded = specdec.load(hub_model(name), heads="random")
-    n = WINDOW - len(LONG_PROMPT) + 1
-    with pytest.raises(ValueError, match=rf"window of {WINDOW} tokens.*max_new_tokens <= {n - 1}"):
-        loaded.engine.stream(LONG_PROMPT, max_new_tokens=n)  # raised at the call, before a round runs
+def test_window_folding_negative_control():
+    """Planted bug: tree masks without the window. Past the window the output must differ from HF's."""
+    model = hub_model("mistral")
+    loaded, ref = oracle_loaded(model, LONG_PROMPT, 2 * WINDOW)
+    loaded.engine.target.window_mode = None
+    out = specdec.generate(loaded, prompt_ids=LONG_PROMPT, max_new_tokens=2 * WINDOW, eos_token_id=None, lookup=0)
+    assert out.token_ids[: WINDOW - len(LONG_PROMPT)] == ref[: WINDOW - len(LONG_PROMPT)]  # inside: no difference
+    assert out.token_ids != ref[: 2 * WINDOW]
+
+
+def chunked_model():
+    """Llama-4's chunked attention: tokens attend within fixed chunks, which a tree mask does not express."""
+    cfg = hf.Llama4TextConfig(**{**_SMALL, "intermediate_size_mlp": 64, "head_dim": 8, "num_local_experts": 2,
+                                 "attention_chunk_size": WINDOW})
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = hf.Llama4ForCausalLM(cfg).float().eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def test_chunked_attention_is_exact_within_the_chunk_and_refused_past_it():
+    model = chunked_model()
+    loaded = specdec.load(model, heads="random")
+    assert loaded.engine.target.window_mode == "bounded" and loaded.engine.target.exact_limit == WINDOW
+    n = WINDOW - len(LONG_PROMPT)
+    for speculative in (True, False):
+        out = specdec.generate(loaded, prompt_ids=LONG_PROMPT, max_new_tokens=n, speculative=speculative,
+                               eos_token_id=None, lookup=5, tree="small")
+        assert out.token_ids == hf_greedy(model, LONG_PROMPT, n)
+    with pytest.raises(ValueError, match=rf"window of {WINDOW} tokens.*max_new_tokens <= {n}"):
+        loaded.engine.stream(LONG_PROMPT, max_new_tokens=n + 1)  # raised at the call, before a round runs
     with pytest.raises(ValueError, match="sliding-window"):
-        specdec.generate(loaded, prompt_ids=LONG_PROMPT, max_new_tokens=n, speculative=False)
+        specdec.generate(loaded, prompt_ids=LONG_PROMPT, max_new_tokens=n + 1, speculative=False)
 
 
 def test_recurrent_layers_are_refused_at_load():
