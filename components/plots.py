@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 from specdec import RoundEvent
 
 from .stats import accepted_by_lookup, accepted_drafts, change_rounds, decode_rounds, depth_acceptance
+from .replay import node_rule
 
 STATUS_COLORS = {
     "root": "#455a64",
@@ -31,6 +32,8 @@ CHANGE_COLOR = "#8e24aa"
 LOOKUP_COLOR = "#00838f"  # prompt lookup: outline of its square nodes, its edges, its bars
 LOOKUP_SYMBOL = "square"
 LOOKUP_FILL = "#4db6ac"  # the accepted-length bars of prompt-lookup drafts
+EMITTED_COLOR = "#ef6c00"  # the sampler view's outline of the token the run drew
+CURRENT_COLOR = "#6a1b9a"  # the replayed round, in the charts
 _VISIBLE_WS = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
 
 
@@ -44,6 +47,11 @@ def label(text: str, limit: int = 12) -> str:
 
 def _p(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
+
+
+def _rule(event: RoundEvent, i: int) -> str:
+    """The acceptance rule's verdict on node i, split over two hover lines."""
+    return html.escape(node_rule(event, i), quote=False).replace(": ", ":<br>", 1)
 
 
 def empty_figure(message: str, height: int = 260) -> go.Figure:
@@ -140,11 +148,12 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
         if not idx:
             continue
         custom = [[label(nodes[i].text, 40), nodes[i].depth, max(nodes[i].depth - 1, 0), nodes[i].rank,
-                   _p(nodes[i].draft_prob), _p(nodes[i].target_prob), nodes[i].token_id, i] for i in idx]
+                   _p(nodes[i].draft_prob), _p(nodes[i].target_prob), nodes[i].token_id, i, _rule(event, i)]
+                  for i in idx]
         hover = ("<b>%{customdata[0]}</b> (id %{customdata[6]}, node %{customdata[7]})<br>"
                  "depth %{customdata[1]} · head %{customdata[2]} rank %{customdata[3]}<br>"
-                 "draft q = %{customdata[4]}<br>target p = %{customdata[5]}<extra>" + STATUS_NAMES[status] +
-                 "</extra>")
+                 "draft q = %{customdata[4]}<br>target p = %{customdata[5]}<br>%{customdata[8]}<extra>" +
+                 STATUS_NAMES[status] + "</extra>")
         bold = status in ("root", "accepted")
         fig.add_trace(go.Scatter(
             x=[xs[i] for i in idx], y=[ys[i] for i in idx], mode="markers+text", name=STATUS_NAMES[status],
@@ -168,11 +177,11 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
             marker=dict(symbol=LOOKUP_SYMBOL, color=[STATUS_COLORS[nodes[i].status] for i in looked_up],
                         size=[13 if a else 10 for a in acc], line=dict(color=LOOKUP_COLOR, width=2)),
             customdata=[[label(nodes[i].text, 40), nodes[i].depth, "prompt lookup", "-", "-",
-                         _p(nodes[i].target_prob), nodes[i].token_id, i, STATUS_NAMES[nodes[i].status]]
-                        for i in looked_up],
+                         _p(nodes[i].target_prob), nodes[i].token_id, i, STATUS_NAMES[nodes[i].status],
+                         _rule(event, i)] for i in looked_up],
             hovertemplate="<b>%{customdata[0]}</b> (id %{customdata[6]}, node %{customdata[7]})<br>"
                           "depth %{customdata[1]} · prompt lookup<br>draft q = -<br>"
-                          "target p = %{customdata[5]}<extra>%{customdata[8]}</extra>",
+                          "target p = %{customdata[5]}<br>%{customdata[9]}<extra>%{customdata[8]}</extra>",
         ))
     # The target's own token after the accepted path: a correction or a bonus.
     if extra:
@@ -193,18 +202,19 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
     kind = extra[-1].kind if extra else "none"
     rule = event.acceptance + (" (LOSSY)" if event.acceptance == "typical" else "")
     leaves = int(round(-min(ys))) + 1  # leaf rows are 0, -1, -2, ...
-    lookup_note, key = "", "columns = depth (head = depth − 1)"
+    lookup_note, key = "", "columns = depth (head = depth − 1) · bold = accepted path"
     if looked_up:
         got_lookup = sum(1 for i in path if i in lookup_set)
         lookup_note = f" ({got_lookup} of {len(looked_up)} from prompt lookup)"
         key += " · squares = prompt lookup"
+    # Short lines: a phone is about 50 characters wide, and Plotly does not wrap titles.
     fig.update_layout(
-        title=dict(text=f"Round {event.index}: accepted {got} of {drafts} drafts{lookup_note}, then a {kind} token"
-                        f"<br><sup>rule {rule} · {key} · bold = accepted path · "
-                        f"hover a node for head rank, q and p</sup>",
+        title=dict(text=f"Round {event.index}: accepted {got} of {drafts} drafts"
+                        f"<br><sup>{lookup_note.strip()}{' · ' if lookup_note else ''}then a {kind} token · "
+                        f"rule {rule}<br>{key}</sup>",
                    font=dict(size=14)),
         height=int(min(1000, max(400, 26 * leaves + 170))),
-        margin=dict(l=10, r=10, t=60, b=20), plot_bgcolor="#ffffff", uirevision=f"tree-{len(nodes)}",
+        margin=dict(l=10, r=10, t=80, b=20), plot_bgcolor="#ffffff", uirevision=f"tree-{len(nodes)}",
         xaxis=dict(dtick=1 if max(xs) <= 20 else 5, range=[-0.3, max(xs) + max(0.9, 0.08 * max(xs))], zeroline=False,
                    gridcolor="#eeeeee", side="top"),
         yaxis=dict(visible=False), hoverlabel=dict(align="left"),
@@ -231,8 +241,9 @@ def _chart_layout(fig: go.Figure, title: str, ytitle: str) -> go.Figure:
     return fig
 
 
-def accepted_length_figure(events: list[RoundEvent]) -> go.Figure:
-    """Tokens per round, stacked: accepted drafts + the target's own token. The mean is drawn dashed."""
+def accepted_length_figure(events: list[RoundEvent], current: int | None = None) -> go.Figure:
+    """Tokens per round, stacked: accepted drafts + the target's own token. The mean is drawn dashed;
+    `current` (a round index, e.g. the replayed one) is shaded."""
     dec = decode_rounds(events)
     if not dec:
         return empty_figure("Accepted length per round: no decoding round yet.", 300)
@@ -251,6 +262,8 @@ def accepted_length_figure(events: list[RoundEvent]) -> go.Figure:
     fig.add_trace(go.Bar(x=xs, y=own, name="target token", marker_color=TARGET_COLORS["correction"]))
     mean = sum(len(ev.emitted) for ev in dec) / len(dec)
     fig.add_hline(y=mean, line=dict(color="#212121", dash="dash", width=1))
+    if current is not None:
+        fig.add_vrect(x0=current - 0.5, x1=current + 0.5, fillcolor=CURRENT_COLOR, opacity=0.15, line_width=0)
     _mark_changes(fig, events)
     return _chart_layout(fig, f"Accepted length per round: mean {mean:.2f}<br><sup>tokens per target forward, "
                               f"n = {len(dec)} rounds (prefill excluded)</sup>", "tokens")
@@ -299,50 +312,67 @@ def throughput_figure(events: list[RoundEvent]) -> go.Figure:
 # -- the sampler view ------------------------------------------------------------
 
 def sampler_figure(rows: list[dict], token_text: Callable[[int], str], params: dict, position: int,
-                   note: str = "") -> go.Figure:
-    """Top tokens of the target distribution; those the filters remove are greyed out.
+                   note: str = "", emitted: int | None = None, emitted_prob: float | None = None) -> go.Figure:
+    """Top tokens of the target distribution as horizontal bars; those the filters remove are grey.
+
+    Labels read horizontally, with whitespace made visible (␣ ↵ ⇥). With `emitted`, the token the
+    run actually drew at this position is outlined and starred (or named in the title when it lies
+    outside the top rows).
 
     Args:
         rows: `specdec.sampler.filter_stages` output (prob = after temperature only).
         token_text: token id -> its text.
         params: the SamplingParams as a dict.
         position: index of the predicted token (the context length).
+        note: one line under the title (where this position is).
+        emitted: token id drawn at this position, if the run already drew it.
+        emitted_prob: its target probability as the run saw it (the event's p), for the title.
     """
     if not rows:
         return empty_figure("Sampler view: type a prompt.", 300)
-    labels = [label(token_text(r["token_id"]), 10) for r in rows]
+    labels = [label(token_text(r["token_id"]), 14) for r in rows]
+    hit = next((i for i, r in enumerate(rows) if r["token_id"] == emitted), None)
+    ticks = [("★ " + t) if i == hit else t for i, t in enumerate(labels)]
     kept = [i for i, r in enumerate(rows) if r["removed_by"] is None]
     gone = [i for i, r in enumerate(rows) if r["removed_by"] is not None]
 
     def custom(i):
         r = rows[i]
         return [label(token_text(r["token_id"]), 30), r["token_id"], _p(r["prob"]), _p(r["filtered_prob"]),
-                r["removed_by"] or "kept"]
+                ("removed by " + r["removed_by"].replace("_", "-")) if r["removed_by"] else "kept"]
 
     hover = ("<b>%{customdata[0]}</b> (id %{customdata[1]})<br>p after temperature %{customdata[2]}"
              "<br>p after filters %{customdata[3]}<br>%{customdata[4]}<extra></extra>")
+    outline = lambda idx: dict(color=[EMITTED_COLOR if i == hit else "#ffffff" for i in idx],  # noqa: E731
+                               width=[3 if i == hit else 0 for i in idx])
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=kept, y=[rows[i]["prob"] for i in kept], name="kept", marker_color=KEPT_COLOR,
+    fig.add_trace(go.Bar(y=kept, x=[rows[i]["prob"] for i in kept], orientation="h", name="kept",
+                         marker=dict(color=KEPT_COLOR, line=outline(kept)),
                          customdata=[custom(i) for i in kept], hovertemplate=hover))
-    fig.add_trace(go.Bar(x=gone, y=[rows[i]["prob"] for i in gone], name="filtered out",
-                         marker_color=REMOVED_COLOR, customdata=[custom(i) for i in gone], hovertemplate=hover,
-                         text=[rows[i]["removed_by"].replace("_", "-") for i in gone], textposition="outside",
-                         textfont=dict(size=9, color="#9e9e9e")))
-    fig.add_trace(go.Scatter(x=kept, y=[rows[i]["filtered_prob"] for i in kept], mode="markers",
-                             name="after filters (renormalised)", marker=dict(symbol="diamond", size=8,
-                                                                              color="#ef6c00")))
+    fig.add_trace(go.Bar(y=gone, x=[rows[i]["prob"] for i in gone], orientation="h", name="filtered out",
+                         marker=dict(color=REMOVED_COLOR, line=outline(gone)),
+                         customdata=[custom(i) for i in gone], hovertemplate=hover))
+    fig.add_trace(go.Scatter(y=kept, x=[rows[i]["filtered_prob"] for i in kept], mode="markers",
+                             name="after filters (renormalised)",
+                             marker=dict(symbol="diamond", size=8, color="#ef6c00"), hoverinfo="skip"))
     t = params.get("temperature", 0)
     desc = "greedy (argmax)" if not t else (f"T={t:g} · top-k {params.get('top_k') or 'off'} · "
                                             f"top-p {params.get('top_p'):g} · min-p {params.get('min_p'):g}")
-    sub = desc + (f"<br>{html.escape(note)}" if note else "")
+    drawn = ""
+    if emitted is not None:
+        pe = "" if emitted_prob is None else f" (p = {emitted_prob:.3f})"
+        drawn = ("<br>★ = the token the run drew here" + pe if hit is not None else
+                 f"<br>the run drew {label(token_text(emitted), 14)}{pe}, outside this top {len(rows)}")
+    sub = desc + (f"<br>{html.escape(note)}" if note else "") + drawn
     fig.update_layout(
         title=dict(text=f"Next token #{position}: {len(kept)} of top {len(rows)} kept<br><sup>{sub}</sup>",
                    font=dict(size=13)),
-        height=340, barmode="overlay", bargap=0.15, margin=dict(l=10, r=10, t=70, b=60),
-        plot_bgcolor="#ffffff", uirevision="sampler", legend=dict(orientation="h", y=-0.3),
-        xaxis=dict(tickmode="array", tickvals=list(range(len(rows))), ticktext=labels, tickangle=-45),
+        height=190 + 20 * len(rows), barmode="overlay", bargap=0.2, margin=dict(l=10, r=10, t=100, b=40),
+        plot_bgcolor="#ffffff", uirevision="sampler", legend=dict(orientation="h", y=-0.12, yanchor="top"),
+        yaxis=dict(tickmode="array", tickvals=list(range(len(rows))), ticktext=ticks, autorange="reversed",
+                   tickfont=dict(family="ui-monospace, monospace", size=12), automargin=True),
         # log scale: a flat distribution over a large vocabulary and its renormalised top-k
         # differ by orders of magnitude, and both must stay visible.
-        yaxis=dict(title="probability (log)", type="log", gridcolor="#eeeeee"),
+        xaxis=dict(title="probability (log)", type="log", gridcolor="#eeeeee"),
     )
     return fig

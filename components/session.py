@@ -128,6 +128,7 @@ class Run:
     events: list[RoundEvent] = field(default_factory=list)
     stopped: bool = False  # Stop was pressed (or the session went away)
     done: bool = False
+    chat: bool = False  # the prompt was wrapped as a chat turn (the tokenizer's chat template)
 
     def record(self, event: RoundEvent) -> None:
         """The engine's `on_round` callback: keep every event for the round slider and the charts."""
@@ -154,11 +155,12 @@ class Session:
     # generation thread and a slider event never see a key with another context's logits.
     sampler_cache: tuple | None = None
 
-    def start_run(self, prompt: str, prompt_ids: list[int], settings: Settings, main: bool = True) -> Run:
+    def start_run(self, prompt: str, prompt_ids: list[int], settings: Settings, main: bool = True,
+                  chat: bool = False) -> Run:
         """A new run; it supersedes (stops) any unfinished run of this session."""
         self.request_stop()
         self.runs_started += 1
-        run = Run(self.runs_started, prompt, list(prompt_ids), settings, settings.resolved_seed())
+        run = Run(self.runs_started, prompt, list(prompt_ids), settings, settings.resolved_seed(), chat=bool(chat))
         self.active = run
         if main:
             self.live = settings

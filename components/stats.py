@@ -108,12 +108,25 @@ def _fmt(x, digits: int = 2) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
+FINISHED_WORDS = {  # the engine's `finished` values, as a reader would say them
+    "eos": "done: the model ended the text",
+    "length": "done: reached max new tokens",
+    "context": "done: the model's context window is full",
+}
+
+
+def status_words(finished: str | None, stopped: bool = False) -> str:
+    if stopped and not finished:
+        return "stopped by you"
+    return FINISHED_WORDS.get(finished, finished) if finished else "running…"
+
+
 def stats_markdown(s: dict, stopped: bool = False) -> str:
     """One Markdown line for the stats box."""
     if not s["new_tokens"]:
         return ""
     rule = ", ".join(r + (" (LOSSY)" if r == "typical" else "") for r in s["rules"])
-    status = "stopped" if stopped and not s["finished"] else (s["finished"] or "running…")
+    status = status_words(s["finished"], stopped)
     parts = [
         f"**{s['new_tokens']}** tokens in **{s['rounds']}** decoding rounds",
         f"mean accepted length **{_fmt(s['mean_accepted_length'])}** tokens/target forward "
@@ -123,7 +136,7 @@ def stats_markdown(s: dict, stopped: bool = False) -> str:
            f"**{s['lookup_drafts']}** by prompt lookup (which drafted in {s['lookup_rounds']} of the rounds)"]
           if s.get("lookup_rounds") else []),
         f"rule: {rule}",
-        f"status: **{status}**",
+        f"**{status}**",
     ]
     if s["changes"]:
         parts.append(f"settings changed {s['changes']}×")

@@ -18,12 +18,14 @@ KIND_LABELS = {
     "correction": "correction (target resampled)",
     "bonus": "bonus (target, after a full path)",
     "baseline": "baseline (plain decoding)",
+    "first": "first token (the target's, after the prompt)",
 }
 KIND_COLORS = {  # background colours; the same hues as the tree plot
     "accepted": "#c8e6c9",
     "correction": "#ffe0b2",
     "bonus": "#bbdefb",
     "baseline": "#e0e0e0",
+    "first": "#e1bee7",
 }
 
 
@@ -54,6 +56,8 @@ def render_round(event: RoundEvent, prev_params: dict | None = None) -> str:
     sources = iter(accepted_sources(event))  # the accepted tokens come first, in path order
     for tok in event.emitted:
         kind = tok.kind if tok.kind in KIND_COLORS else "baseline"
+        if event.index == 0 and event.speculative:
+            kind = "first"  # the prefill's token: no draft path came before it, so it is no "bonus"
         source = next(sources, "heads") if tok.kind == "accepted" else "target"
         title = html.escape(token_title(event.index, kind, tok.draft_prob, tok.target_prob, source), quote=True)
         classes = (f"sd-tok sd-{kind}" + (" sd-lookup" if source == "lookup" else "")
@@ -72,9 +76,9 @@ def render_tokens(events: list[RoundEvent]) -> str:
     return "".join(parts)
 
 
-def legend_html(kinds=("accepted", "correction", "bonus", "baseline")) -> str:
+def legend_html(kinds=("accepted", "correction", "bonus", "first", "baseline")) -> str:
     items = "".join(f'<span class="sd-tok sd-{k}">{html.escape(KIND_LABELS[k])}</span>' for k in kinds)
     items += '<span class="sd-tok sd-accepted sd-lookup">accepted draft from prompt lookup</span>'
-    return (f'<div class="sd-legend"><b>Token origin:</b> {items}'
-            f'<span class="sd-change">⚙</span> settings changed · hover a token for its round and '
-            f"probabilities</div>")
+    return (f'<div class="sd-legend"><b>Who wrote each token:</b> {items}'
+            f'<span class="sd-change">⚙</span> settings changed · click or tap a token for its details and '
+            f"its round</div>")

@@ -87,23 +87,24 @@ def test_bad_inputs_error_and_the_app_keeps_serving(server):
         (dict(prompt=""), "empty"),
         (dict(prompt="   \n"), "empty"),
         (dict(prompt="x " * 300), "limit"),
-        (dict(prompt="ok", temperature=5.0), "maximum"),
-        (dict(prompt="ok", top_k=-3), "minimum"),
-        (dict(prompt="ok", top_p=0.0), "minimum"),
-        (dict(prompt="ok", max_new_tokens=100_000), "maximum"),
-        (dict(prompt="ok", seed=-7), "minimum"),
+        (dict(prompt="ok", temperature=5.0), "`temperature` must be in [0.0, 2.0], got 5"),
+        (dict(prompt="ok", top_k=-3), "`top_k` must be in [0, 200]"),
+        (dict(prompt="ok", top_p=0.0), "`top_p` must be in (0.0, 1.0]"),
+        (dict(prompt="ok", max_new_tokens=100_000), "`max_new_tokens` must be in [1, 512]"),
+        (dict(prompt="ok", seed=-7), "`seed` must be in [-1,"),
         (dict(prompt="ok", tree="enormous"), ""),
         (dict(prompt="ok", acceptance="yolo"), ""),
-        (dict(prompt="ok", lookup=65), "maximum"),
+        (dict(prompt="ok", lookup=65), "`lookup` must be in [0, 64]"),
         (dict(prompt="ok", lookup=2.5), "`lookup` must be an integer"),
-        (dict(prompt="ok", lookup_mode="both"), "list of choices"),
+        (dict(prompt="ok", lookup_mode="both"), "`lookup_mode` must be one of"),
+        (dict(prompt="ok", chat=True), "chat template"),
         (dict(prompt="ok", tree="none", lookup=0), "set prompt lookup tokens >= 1"),
     ]
     for kwargs, words in cases:
         with pytest.raises(AppError) as err:
             c.predict(**{**GREEDY, "max_new_tokens": 4, **kwargs}, api_name="/generate")
         assert words.lower() in str(err.value).lower(), (kwargs, str(err.value))
-    with pytest.raises(AppError):
+    with pytest.raises(AppError, match=r"`temperature` must be in \[0.0, 2.0\], got -1"):
         c.predict(prompt="ok", temperature=-1.0, top_k=0, top_p=1.0, min_p=0.0, acceptance="lossless",
                   api_name="/set_sampling")
     out = c.predict(prompt="class Stack:", max_new_tokens=4, **GREEDY, api_name="/generate")
@@ -157,8 +158,8 @@ def test_stop_halts_within_a_round_and_live_tuning_applies(server):
     final = round_json(job.outputs()[-1])
     assert final["finished"] == "stopped" and final["new_tokens"] < 400
     assert "settings changed" in job.outputs()[-1][1]
-    tree, info, event = c.predict(1, api_name="/round")  # step back to round 1
-    assert event["index"] == 1 and "Round 1" in info
+    tree, info, event, slider, style = c.predict(1, api_name="/round")  # step back to round 1
+    assert event["index"] == 1 and "Round 1" in info and 'data-round="1"' in style
     cleared = c.predict(api_name="/clear")
     assert cleared[0] == "" and cleared[1] == ""
     assert c.predict(1, api_name="/round")[2] is None  # nothing left in the session
@@ -167,9 +168,10 @@ def test_stop_halts_within_a_round_and_live_tuning_applies(server):
 @pytest.mark.timeout(90)
 def test_compare_reports_speedup_and_identity_for_greedy(server):
     url, _ = server
-    md, spec_html, base_html = client(url).predict(prompt="def f(x):", max_new_tokens=8, **GREEDY,
+    race = {k: v for k, v in GREEDY.items() if k != "speculative"}  # /compare always races both
+    md, spec_html, base_html = client(url).predict(prompt="def f(x):", max_new_tokens=8, **race,
                                                    api_name="/compare")
-    assert "speedup" in md and "identical" in md and "warm-up" in md
+    assert "Measured ratio" in md and "identical" in md and "warm-up" in md and "Why speculation" in md
     assert spec_html.count("sd-tok") == 8 and base_html.count("sd-baseline") == 8
 
 
@@ -180,7 +182,7 @@ def test_a_disconnected_client_frees_the_model(server):
     fn = next(d["id"] for d in client(url).config["dependencies"] if d.get("api_name") == "generate")
     session_hash = "disconnect-test"
     seed = 4242  # marks this run's events in SEEN
-    data = ["def fibonacci(n):", 0.0, 0, 1.0, 0.0, 500, seed, "small", "lossless", True, 10, "first", None]
+    data = ["def fibonacci(n):", 0.0, 0, 1.0, 0.0, 500, seed, "small", "lossless", True, 10, "first", False, None]
     api = url.rstrip("/") + "/gradio_api"
     httpx.post(f"{api}/queue/join", json={"data": data, "fn_index": fn, "session_hash": session_hash,
                                           "event_data": None, "trigger_id": None}).raise_for_status()
@@ -209,7 +211,10 @@ def test_app_wiring_queue_spaces_and_arguments(server, monkeypatch):
     model_events = {f.api_name for f in demo.fns.values() if f.concurrency_id == "model"}
     assert model_events == {"generate", "compare"}
     assert all(f.concurrency_limit == 1 for f in demo.fns.values() if f.concurrency_id == "model")
-    assert all(not f.queue for f in demo.fns.values() if f.api_name in ("set_sampling", "round", "stop"))
+    # Views never wait in the model queue; queued on their own so that errors come back as toasts.
+    views = [f for f in demo.fns.values() if f.api_name in ("set_sampling", "round")]
+    assert len(views) == 2 and all(f.queue and f.concurrency_id == "views" for f in views)
+    assert not next(f for f in demo.fns.values() if f.api_name == "stop").queue
     # spaces.GPU is applied when the package exists, and a no-op otherwise
     assert app.gpu(len) is len
     fake = types.ModuleType("spaces")
@@ -226,3 +231,38 @@ def test_app_wiring_queue_spaces_and_arguments(server, monkeypatch):
     assert app.resolve_heads("random") == "random" and app.resolve_heads(None) is None
     heads_dir = str(specdec.api.DEFAULT_HEADS)
     assert app.resolve_heads(heads_dir) == heads_dir
+
+
+def test_api_inputs_have_types_and_describe_themselves(server):
+    url, _ = server
+    api = client(url).view_api(print_info=False, return_format="dict")["named_endpoints"]
+    params = {e: {p["parameter_name"]: p for p in api[e]["parameters"]} for e in ("/generate", "/compare")}
+    for name in ("top_k", "max_new_tokens", "lookup"):
+        assert params["/generate"][name]["type"]["type"] == "integer", name
+    assert params["/generate"]["chat"]["type"]["type"] == "boolean"
+    assert "speculative" in params["/generate"] and "speculative" not in params["/compare"]
+    for endpoint in ("/generate", "/compare", "/stop", "/set_sampling", "/round", "/clear"):
+        text = api[endpoint]["description"]
+        assert text and "injected" not in text and "`request`" not in text, endpoint
+    assert "temperature 0-2" in api["/generate"]["description"]
+
+
+@pytest.mark.timeout(90)
+def test_round_view_during_a_run_never_errors_and_reaches_every_round_after_stop(server):
+    url, _ = server
+    c = client(url)
+    job = c.submit(prompt="def quicksort(arr):", max_new_tokens=400, **GREEDY, api_name="/generate")
+    wait_for(job, lambda r: r["round"] >= 2)
+    for typed in (5, 10_000, 2.0):  # past the slider's current maximum while streaming: clamped, not a 500
+        _, info, event, _, _ = c.predict(typed, api_name="/round")
+        assert event["index"] <= typed and info.startswith("**Round")
+    with pytest.raises(AppError, match="`round` must be an integer"):
+        c.predict("five", api_name="/round")
+    c.predict(api_name="/stop")
+    outs = list(job)
+    final = outs[-1]
+    rounds = round_json(final)["round"]
+    assert round_json(final)["finished"] == "stopped"
+    assert final[3]["maximum"] == rounds  # the slider reaches the last round that ran
+    assert c.predict(rounds, api_name="/round")[2]["index"] == rounds
+    assert "stopped by you" in final[1]

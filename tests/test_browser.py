@@ -80,7 +80,7 @@ def test_generate_in_a_real_browser(url, browser):
 
     page.wait_for_selector("#tokens .sd-tok", timeout=60_000)
     page.wait_for_function(
-        "() => [...document.querySelectorAll('#stats')].some(s => s.textContent.includes('status: length'))",
+        "() => [...document.querySelectorAll('#stats')].some(s => s.textContent.includes('done: reached max new tokens'))",
         timeout=90_000)
     page.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer .point", timeout=30_000)
     # Tokens: coloured spans with a hover title, and the prompt in front.

@@ -1,6 +1,8 @@
 """UI components from synthetic round events: plots, token rendering, stats, session state, handlers."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import gradio as gr
 import plotly.graph_objects as go
 import pytest
@@ -156,7 +158,7 @@ def test_tree_figure_draws_prompt_lookup_nodes_apart():
     assert "accepted" not in traces  # only lookup nodes were accepted
     assert list(traces["lookup edges"].x).count(None) == 3  # chain edges off the accepted path
     assert list(traces["accepted path"].x).count(None) == 5
-    assert "accepted 5 of 10 drafts (5 of 8 from prompt lookup)" in fig.layout.title.text
+    assert "accepted 5 of 10 drafts<br><sup>(5 of 8 from prompt lookup)" in fig.layout.title.text
     assert "squares = prompt lookup" in fig.layout.title.text
     # deep trees: the axis reaches the chain's end and the correction after node 7, labels stay short
     assert fig.layout.xaxis.range[1] >= 8.5 and fig.layout.xaxis.dtick == 1
@@ -187,7 +189,7 @@ def test_lookup_drafts_in_stats_tokens_and_charts():
     assert list(t["accepted drafts (heads)"].y) == [2, 0]
     assert list(t["accepted drafts (prompt lookup)"].y) == [0, 5]
     assert "sd-lookup" in legend_html()
-    assert "(10 drafts, 8 by prompt lookup, 5 of them accepted)" in round_markdown(lookup_event())
+    assert "10 drafts, 8 by prompt lookup, 5 of them accepted ·" in round_markdown(lookup_event())
 
 
 def test_tree_figure_without_tree_says_why():
@@ -249,10 +251,12 @@ def test_sampler_figure_greys_out_filtered_tokens():
             {"token_id": 4, "prob": 0.05, "filtered_prob": 0.0, "removed_by": "min_p"}]
     fig = plots.sampler_figure(rows, lambda i: {1: " a", 2: "<b", 3: "c", 4: "d"}[i], P0, 7)
     t = by_name(fig)
-    assert list(t["kept"].x) == [0, 1] and t["kept"].marker.color == plots.KEPT_COLOR
-    assert list(t["filtered out"].x) == [2, 3] and t["filtered out"].marker.color == plots.REMOVED_COLOR
-    assert list(t["filtered out"].text) == ["top-p", "min-p"]
-    assert list(fig.layout.xaxis.ticktext) == ["␣a", "&lt;b", "c", "d"]
+    assert list(t["kept"].y) == [0, 1] and t["kept"].marker.color == plots.KEPT_COLOR
+    assert list(t["filtered out"].y) == [2, 3] and t["filtered out"].marker.color == plots.REMOVED_COLOR
+    assert [c[4] for c in t["filtered out"].customdata] == ["removed by top-p", "removed by min-p"]
+    # horizontal bars: labels read left to right, no rotated ticks, no tag on every filtered bar
+    assert t["kept"].orientation == "h" and not t["filtered out"].text and fig.layout.xaxis.tickangle is None
+    assert list(fig.layout.yaxis.ticktext) == ["␣a", "&lt;b", "c", "d"]
     assert "2 of top 4 kept" in fig.layout.title.text
 
 
@@ -273,7 +277,7 @@ def test_render_round_colours_kinds_and_hover():
     assert out.count("sd-accepted") == 2 and out.count("sd-correction") == 1
     assert 'title="round 4 · accepted draft · draft q=0.600 · target p=0.700"' in out
     assert "sd-nl" in out  # the newline token gets a visible marker
-    assert set(KIND_COLORS) == {"accepted", "correction", "bonus", "baseline"}
+    assert set(KIND_COLORS) == {"accepted", "correction", "bonus", "baseline", "first"}
 
 
 def test_render_tokens_escapes_and_marks_settings_changes():
@@ -288,7 +292,9 @@ def test_render_tokens_escapes_and_marks_settings_changes():
     assert "temperature 0.7→1.2" in html
     # append-only: each round only adds to the end (streamed as an append diff)
     assert html.startswith(render_tokens(events[:3]))
-    assert render_round(prefill_event()).count("sd-bonus") == 1
+    # the prefill's token followed no draft path: it is the target's "first" token, never a "bonus"
+    assert render_round(prefill_event()).count("sd-bonus") == 0
+    assert render_round(prefill_event()).count("sd-first") == 1
 
 
 def test_partial_utf8_token_renders_empty_span():
@@ -367,7 +373,12 @@ def handlers() -> Handlers:
 
 
 CONTROLS = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, max_new_tokens=10, seed=0, tree="chain",
-                acceptance="lossless", speculative=True, lookup=DEFAULT_LOOKUP, lookup_mode="first")
+                acceptance="lossless", speculative=True, lookup=DEFAULT_LOOKUP, lookup_mode="first", chat=False)
+
+
+def race_controls(**change) -> list:
+    """Compare's inputs: the controls less `speculative` (a race always runs both)."""
+    return [v for k, v in {**CONTROLS, **change}.items() if k != "speculative"]
 
 
 def test_handler_generate_matches_the_library(handlers):
@@ -379,7 +390,8 @@ def test_handler_generate_matches_the_library(handlers):
     assert [u[-1]["round"] for u in updates[:-1]] == list(range(len(ref.rounds)))
     assert isinstance(updates[-1][2], go.Figure) and isinstance(updates[-1][8], go.Figure)  # tree, sampler
     assert session.run.done and len(session.run.events) == len(ref.rounds)
-    fig, info, event = handlers.show_round(1, session)
+    fig, info, event, _, style = handlers.show_round(1, session)
+    assert 'data-round="1"' in style
     assert event["index"] == 1 and "Round 1" in info and "Round 1" in fig.layout.title.text
     assert handlers.show_round(999, session)[2]["index"] == len(ref.rounds) - 1
 
@@ -389,7 +401,7 @@ def test_handler_stop_and_live_tuning(handlers):
     gen = handlers.generate("class Stack:", *{**CONTROLS, "max_new_tokens": 200}.values(), session)
     first = next(gen)
     assert first[-1]["round"] == 0
-    handlers.sampler_view("class Stack:", 1.5, 7, 0.9, 0.05, "lossless", session)
+    handlers.sampler_view("class Stack:", 1.5, 7, 0.9, 0.05, "lossless", False, session)
     next(gen)
     assert session.run.events[-1].params["temperature"] == 1.5
     handlers.stop(session)
@@ -410,14 +422,14 @@ def test_handler_bad_inputs_raise_gr_error(handlers):
 
 def test_handler_sampler_view_and_compare(handlers):
     session = Session()
-    fig = handlers.sampler_view("def f(x):", 0.8, 5, 1.0, 0.0, "lossless", session)
+    fig = handlers.sampler_view("def f(x):", 0.8, 5, 1.0, 0.0, "lossless", False, session)
     assert len(by_name(fig)["kept"].x) == 5
     cached = session.sampler_cache
-    fig = handlers.sampler_view("def f(x):", 0.8, 3, 1.0, 0.0, "lossless", session)
+    fig = handlers.sampler_view("def f(x):", 0.8, 3, 1.0, 0.0, "lossless", False, session)
     assert session.sampler_cache is cached and len(by_name(fig)["kept"].x) == 3  # cached logits, re-filtered
-    assert not handlers.sampler_view("", 0.8, 3, 1.0, 0.0, "lossless", session).data
-    out = list(handlers.compare("def f(x):", *{**CONTROLS, "max_new_tokens": 6}.values(), session))[-1]
-    assert "identical" in out[0] and "speedup" in out[0]
+    assert not handlers.sampler_view("", 0.8, 3, 1.0, 0.0, "lossless", False, session).data
+    out = list(handlers.compare("def f(x):", *race_controls(max_new_tokens=6), session))[-1]
+    assert "identical" in out[0] and "Measured ratio" in out[0]
     assert out[1].count("sd-tok") == 6 and out[2].count("sd-baseline") == 6
 
 
@@ -489,9 +501,229 @@ def test_handler_lookup_settings_and_errors(handlers):
             next(handlers.generate(prompt, *{**CONTROLS, **change}.values(), session))
         assert words in err.value.message, (change, err.value.message)
         with pytest.raises(gr.Error):
-            next(handlers.compare(prompt, *{**CONTROLS, **change}.values(), session))
+            next(handlers.compare(prompt, *race_controls(**change), session))
     # the tree "none" with speculation off needs no lookup
     out = list(handlers.generate(prompt, *{**CONTROLS, "tree": "none", "lookup": 0, "speculative": False}.values(),
                                  session))[-1]
     assert out[-1]["new_tokens"] == 10
     assert ("none (root only: prompt lookup drafts everything)", "none") in handlers.tree_choices
+
+
+# -- replay, narration and the race: pure functions of events ------------------------------
+
+def test_narration_says_what_the_round_did_and_the_rule_per_node():
+    from components.replay import narrate, node_rule
+    ev = tree_event(3)
+    text = narrate(ev)
+    assert "The heads proposed 6 tokens in 2 branches." in text
+    assert "The target agreed with ' fib', '(n'; it rejected '):' (target p = 0.05), so it sampled a correction '↵'" \
+        in text
+    # Lossless: a draft is a point mass, so the first child tried is accepted with probability p(x) ...
+    assert node_rule(ev, 1) == "accepted: accept with probability p(x) = 0.700 (the draft is a point mass: " \
+                               "min(1, p/q), q = 1)"
+    # ... and after a rejected sibling, with the renormalised residual r(x) = p / (1 - p(sibling)).
+    assert "r(x) = p / (1 − 0.100) = 0.889" in node_rule(ev, 4)
+    assert node_rule(ev, 2) == "not tried: a sibling was accepted first"
+    assert node_rule(ev, 6) == "not tried: its parent was not accepted"
+    greedy = RoundEvent(3, ev.nodes, ev.accepted_path, ev.emitted, dict(P0), "greedy", True, {}, 4)
+    assert node_rule(greedy, 5) == "rejected: it is not the target's top token (p = 0.050)"
+    assert narrate(prefill_event()).startswith("Round 0 is the prefill: the target read the 4-token prompt")
+    assert "Plain decoding" in narrate(plain_event(2))
+    # the tree's hover carries the same rule
+    hover = [c[8] for c in by_name(plots.tree_figure(ev))["accepted"].customdata]
+    assert hover[0].startswith("accepted:<br>accept with probability p(x) = 0.700")
+
+
+def test_instructive_round_and_jumps():
+    from components.replay import highlight_css, instructive_round, longest_accept, next_rejection
+    one = tree_event(1)  # 2 drafts accepted, with rejections
+    full = RoundEvent(2, tuple(replace(n, status="accepted" if n.status == "rejected" else n.status) for n in one.nodes),
+                      one.accepted_path, one.emitted[:2], dict(P0), "lossless", True, {"total": 1.0}, 9)
+    none = RoundEvent(3, one.nodes[:2] + (replace(one.nodes[1], status="rejected"),)[:0], (0,),
+                      (EmittedToken(1, "a", "correction", None, 0.3),), dict(P0), "lossless", True, {}, 10)
+    events = [prefill_event(), one, full, none, plain_event(4)]
+    # The last round is plain and trivial; the most instructive is the one with the longest accept that
+    # also shows a rejection (round 1 ties round 2 on accepted drafts but has rejected nodes).
+    assert instructive_round(events) == 1
+    assert longest_accept(events) == 1
+    assert next_rejection(events, 1) == 1 and next_rejection(events, 4) == 1  # wraps around
+    assert instructive_round([prefill_event(), plain_event(1)]) == 1
+    assert 'data-round="7"' in highlight_css(7) and highlight_css(None) == ""
+
+
+def race_lane(tokens_per_round: list[int], total_ms: float, forward_ms: float, nodes: int) -> list[RoundEvent]:
+    events = [prefill_event()]
+    for i, k in enumerate(tokens_per_round, start=1):
+        emitted = tuple(EmittedToken(i, "t", "accepted" if j < k - 1 else "correction", None, 0.5) for j in range(k))
+        tree = tuple(node(1, "t", -1 if j == 0 else 0, min(j, 1), j - 1, 0.5, 0.5, "root" if j == 0 else "rejected")
+                     for j in range(nodes))
+        events.append(RoundEvent(i, tree, (0,), emitted, dict(P0), "lossless", nodes > 0,
+                                 {"forward": forward_ms, "total": total_ms}, i))
+    return events
+
+
+def test_race_explains_a_slowdown_from_the_runs_own_numbers():
+    from components.race import explain, lane_numbers, race_markdown, race_ratio
+    spec = race_lane([2, 1, 2, 1], total_ms=30.0, forward_ms=20.0, nodes=16)  # 1.5 tokens per round
+    base = race_lane([1] * 6, total_ms=10.0, forward_ms=9.0, nodes=0)
+    s, b = lane_numbers(spec, 0.2), lane_numbers(base, 0.1)
+    assert (s["forwards"], s["tokens"], b["forwards"]) == (5, 7, 7)
+    assert race_ratio(s, b) == pytest.approx((7 / 0.2) / (7 / 0.1))
+    text = explain(spec, base, race_ratio(s, b), "CPU", temperature=0.7)
+    assert "lost" in text and "**1.50** tokens" in text and "3.00× a plain step on this CPU" in text
+    assert "16-node tree forward alone costs 2.22× a one-token forward" in text and "10.0 ms" in text
+    assert "needs more than 3.00 tokens per forward" in text and "temperature 0.7" in text
+    md = race_markdown(spec, 0.2, base, 0.1, done=True, max_new_tokens=8, greedy=False, acceptance="lossless")
+    assert "**Measured ratio 0.50×** (**slower**: below 1)" in md and "| target forwards |" in md
+    assert "Race running" in race_markdown(spec, 0.2, base, 0.1, done=False, max_new_tokens=8, greedy=True,
+                                           acceptance="lossless")
+    fast = explain(race_lane([4, 4], 12.0, 10.0, 16), base, 2.0)
+    assert "won" in fast and "**4.00** tokens" in fast
+
+
+def test_sampler_figure_stars_the_emitted_token():
+    rows = [{"token_id": 1, "prob": 0.5, "filtered_prob": 0.6, "removed_by": None},
+            {"token_id": 2, "prob": 0.3, "filtered_prob": 0.4, "removed_by": None}]
+    fig = plots.sampler_figure(rows, {1: " a", 2: "\n"}.get, P0, 7, emitted=2, emitted_prob=0.3)
+    assert list(fig.layout.yaxis.ticktext) == ["␣a", "★ ↵"]
+    assert by_name(fig)["kept"].marker.line.width == (0, 3)
+    assert "★ = the token the run drew here (p = 0.300)" in fig.layout.title.text
+    outside = plots.sampler_figure(rows, {1: " a", 2: "b", 9: "z"}.get, P0, 7, emitted=9)
+    assert "the run drew z" in outside.layout.title.text and "outside this top 2" in outside.layout.title.text
+
+
+def test_status_words_are_plain():
+    s = summarize(run_events())
+    for finished, words in (("length", "done: reached max new tokens"), ("context", "context window is full"),
+                            ("eos", "the model ended the text")):
+        line = stats_markdown({**s, "finished": finished})
+        assert words in line and "status:" not in line
+    assert "stopped by you" in stats_markdown({**s, "finished": None}, stopped=True)
+
+
+# -- handlers: the model lock, chat, round views ------------------------------------------
+
+def test_sampler_forwards_interleave_with_rounds_but_never_overlap(handlers, monkeypatch):
+    """#10: the sampler view's forward takes the same model lock as each generation round."""
+    import threading
+    import time
+
+    h = Handlers(handlers.loaded, figure_interval=0.0, text_interval=0.0)
+    target = h.engine.target
+    real = target.forward
+    state = {"inside": 0, "overlaps": 0, "calls": 0}
+    guard = threading.Lock()
+
+    def spy(*args, **kwargs):  # a forward that takes a while, so that overlaps would be seen
+        with guard:
+            state["inside"] += 1
+            state["calls"] += 1
+            state["overlaps"] += state["inside"] > 1
+        try:
+            time.sleep(0.005)
+            return real(*args, **kwargs)
+        finally:
+            with guard:
+                state["inside"] -= 1
+
+    monkeypatch.setattr(target, "forward", spy)
+    session = Session()
+    done = threading.Event()
+    runner = threading.Thread(target=lambda: (list(h.generate("def fibonacci(n):", *{**CONTROLS, "max_new_tokens": 40,
+                                                                                      "tree": "default"}.values(),
+                                                              session)), done.set()))
+    runner.start()
+    views = 0
+    while not done.is_set():
+        if session.run is not None and session.run.events:
+            session.sampler_cache = None  # force a fresh forward each time
+            h.sampler_view("def fibonacci(n):", 0.5, 5 + views % 3, 1.0, 0.0, "lossless", False, session)
+            views += 1
+    runner.join()
+    assert views >= 3 and state["calls"] > len(session.run.events) + 3  # sampler forwards ran during the run
+    assert state["overlaps"] == 0
+
+
+def chat_loaded(handlers):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(specdec.api.DEFAULT_MODEL))
+    tok.chat_template = ("{% for m in messages %}<|user|> {{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+    return specdec.load(handlers.loaded.model, heads=None, tokenizer=tok, device="cpu")
+
+
+def test_chat_checkbox_follows_the_template_and_wraps_the_prompt(handlers):
+    """#10: on by default with a chat template, greyed out without; its value reaches encode."""
+    from app import build_demo
+
+    def checkbox(loaded):
+        demo = build_demo(loaded)
+        return next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "chat")
+
+    plain = checkbox(handlers.loaded)  # the embedded model has no chat template
+    assert plain.value is False and plain.interactive is False
+    loaded = chat_loaded(handlers)
+    box = checkbox(loaded)
+    assert box.value is True and box.interactive is not False
+    h = Handlers(loaded, figure_interval=0.0, text_interval=0.0)
+    prompt = "write a loop"
+    wrapped = specdec.api.encode(loaded, prompt, chat=True)
+    assert wrapped != specdec.api.encode(loaded, prompt) and len(wrapped) > len(h.encode(prompt))
+    controls = {**CONTROLS, "tree": "none", "lookup": 4, "max_new_tokens": 4}
+    for chat, ids in ((True, wrapped), (False, h.encode(prompt))):
+        session = Session()
+        final = list(h.generate(prompt, *{**controls, "chat": chat}.values(), session))[-1]
+        assert session.run.prompt_ids == ids and final[-1]["new_tokens"] == 4
+    # Compare and the sampler view take it too
+    session = Session()
+    list(h.compare(prompt, *race_controls(tree="none", lookup=4, max_new_tokens=3, chat=True), session))
+    assert session.active is None
+    fig = h.sampler_view(prompt, 0.8, 5, 1.0, 0.0, "lossless", True, session)
+    assert f"Next token #{len(wrapped)}" in fig.layout.title.text
+    with pytest.raises(gr.Error, match="chat template"):
+        next(handlers.generate(prompt, *{**CONTROLS, "chat": True}.values(), Session()))
+
+
+def test_round_views_clamp_jump_and_replay(handlers):
+    session = Session()
+    assert handlers.show_round(3, session)[2] is None  # no run yet: empty, no error
+    list(handlers.generate("def fibonacci(n):", *{**CONTROLS, "max_new_tokens": 24, "tree": "default"}.values(),
+                           session))
+    n = len(session.run.events)
+    assert handlers.show_round(10_000, session)[2]["index"] == n - 1  # clamped, never an error
+    assert handlers.show_round(-4, session)[2]["index"] == 0
+    assert handlers.step_round(2, session, 1)[2]["index"] == 3
+    with pytest.raises(gr.Error, match="`round` must be an integer"):
+        handlers.show_round("x", session)
+    longest = handlers.jump_longest(session)[2]
+    assert len([t for t in longest["emitted"] if t["kind"] == "accepted"]) == max(
+        sum(t.kind == "accepted" for t in ev.emitted) for ev in session.run.events)
+    rejected = handlers.jump_rejection(0, session)[2]
+    assert any(nd["status"] == "rejected" for nd in rejected["nodes"])
+    replay = Handlers(handlers.loaded, replay_interval=0.0)
+    steps = list(replay.replay(n - 1, session))  # from the last round: starts again at round 0
+    assert [s[2]["index"] for s in steps] == list(range(n))
+    assert all(f'data-round="{i}"' in s[4] for i, s in enumerate(steps))  # the round's tokens are outlined
+    assert all(isinstance(s[5], go.Figure) for s in steps)
+
+
+def test_final_update_shows_the_most_instructive_round_and_the_sampler_follows(handlers):
+    from components.replay import instructive_round
+    session = Session()
+    updates = list(handlers.generate("def fibonacci(n):", *{**CONTROLS, "max_new_tokens": 24,
+                                                             "tree": "default"}.values(), session))
+    final = updates[-1]
+    best = instructive_round(session.run.events)
+    assert final[2].layout.title.text.startswith(f"Round {best}:") and f"**Round {best}**" in final[4]
+    assert f'data-round="{best}"' in final[9]
+    # the sampler view sits at the run's last token, starred
+    ids = session.run.token_ids
+    assert f"Next token #{len(session.run.prompt_ids) + len(ids) - 1}" in final[8].layout.title.text
+    assert any(t.startswith("★") for t in final[8].layout.yaxis.ticktext)
+    # after Clear it is back after the prompt
+    cleared = handlers.clear("def fibonacci(n):", 0.0, 0, 1.0, 0.0, "lossless", False, session)
+    assert "next token after the prompt" in cleared[8].layout.title.text
+    assert "generated text" not in cleared[8].layout.title.text
+    # the greedy rule greys out the temperature slider
+    assert Handlers.temperature_control("greedy").interactive is False
+    assert Handlers.temperature_control("lossless").interactive is True

@@ -128,7 +128,7 @@ def test_a_dropped_connection_counts_as_cancelled(server):
     before = scrape(url)
     fn = next(d["id"] for d in Client(url, verbose=False).config["dependencies"] if d.get("api_name") == "generate")
     api = url.rstrip("/") + "/gradio_api"
-    data = [PROMPT, 0.0, 0, 1.0, 0.0, 400, 0, "small", "lossless", True, 0, "first", None]
+    data = [PROMPT, 0.0, 0, 1.0, 0.0, 400, 0, "small", "lossless", True, 0, "first", False, None]  # ..., chat, state
     httpx.post(f"{api}/queue/join", json={"data": data, "fn_index": fn, "session_hash": "drop-test",
                                           "event_data": None, "trigger_id": None}).raise_for_status()
     with httpx.stream("GET", f"{api}/queue/data", params={"session_hash": "drop-test"}, timeout=60) as r:

@@ -1,0 +1,115 @@
+"""Compare as a race: speculative and plain decoding side by side, and why one wins.
+
+Pure functions of the two runs' round events and their measured engine
+seconds. The explanation is arithmetic on the run's own numbers: a
+speculative round costs `round_cost` plain steps and yields
+`tokens_per_forward` tokens, so it wins exactly when the second is larger.
+"""
+from __future__ import annotations
+
+from specdec import RoundEvent
+from specdec.verifier import LOSSY_RULES
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def lane_numbers(events: list[RoundEvent], seconds: float) -> dict:
+    """One lane's totals: wall (engine) seconds, target forwards (prefill included), tokens per forward."""
+    tokens = sum(len(ev.emitted) for ev in events)
+    forwards = len(events)  # one target forward per round; round 0 is the prefill
+    return {"tokens": tokens, "forwards": forwards, "seconds": seconds,
+            "tokens_per_forward": tokens / forwards if forwards else None,
+            "tokens_per_second": tokens / seconds if seconds > 0 else None}
+
+
+def race_ratio(spec: dict, base: dict) -> float | None:
+    """Speculative tokens/s over plain tokens/s (> 1: speculation is faster)."""
+    a, b = spec["tokens_per_second"], base["tokens_per_second"]
+    return a / b if a and b else None
+
+
+def round_costs(spec_events: list[RoundEvent], base_events: list[RoundEvent]) -> dict | None:
+    """Per decoding round (prefill excluded), from the engines' own timings (ms):
+
+    tokens_per_forward: tokens a speculative round emitted; round_cost: its time over a plain
+    step's; forward_cost: its target forward alone over a one-token forward; overhead_ms: the
+    rest of the round (drafting, verifying, cache moves); nodes: tree size, root included.
+    """
+    spec = [ev for ev in spec_events if ev.index > 0]
+    base = [ev for ev in base_events if ev.index > 0]
+    step = _mean([ev.timings.get("total", 0.0) for ev in base])
+    base_fwd = _mean([ev.timings.get("forward", ev.timings.get("total", 0.0)) for ev in base])
+    if not spec or not step:
+        return None
+    total = _mean([ev.timings.get("total", 0.0) for ev in spec])
+    fwd = _mean([ev.timings.get("forward", 0.0) for ev in spec])
+    return {"tokens_per_forward": _mean([len(ev.emitted) for ev in spec]), "round_cost": total / step,
+            "forward_cost": (fwd / base_fwd) if base_fwd else None, "overhead_ms": total - fwd,
+            "nodes": _mean([len(ev.nodes) for ev in spec if ev.nodes]) or 1.0}
+
+
+def explain(spec_events: list[RoundEvent], base_events: list[RoundEvent], ratio: float | None,
+            device: str = "CPU", temperature: float = 0.0) -> str:
+    """Why the race ended as it did, in plain words and the run's own numbers."""
+    c = round_costs(spec_events, base_events)
+    if ratio is None or c is None:
+        return ""
+    tpf, cost = c["tokens_per_forward"], c["round_cost"]
+    fwd = "" if c["forward_cost"] is None else \
+        f"the {c['nodes']:.0f}-node tree forward alone costs {c['forward_cost']:.2f}× a one-token forward, plus "
+    why = (f"one speculative round cost {cost:.2f}× a plain step on this {device} ({fwd}"
+           f"{c['overhead_ms']:.1f} ms of drafting and verifying)")
+    if ratio >= 1:
+        return (f"**Why speculation won:** each target forward made **{tpf:.2f}** tokens on average, and "
+                f"{why}; {tpf:.2f} > {cost:.2f}, so it is ahead.")
+    hint = (f" Sampling at temperature {temperature:g} makes the target harder to guess, so fewer drafts are "
+            "accepted: try temperature 0, or a prompt that repeats itself (prompt lookup copies it)."
+            if temperature > 0 else
+            " Try a prompt that repeats itself (prompt lookup copies it), a smaller tree, or a GPU, where a "
+            "tree forward costs about as much as a one-token forward.")
+    return (f"**Why speculation lost here:** each target forward made **{tpf:.2f}** tokens on average, but "
+            f"{why}. It needs more than {cost:.2f} tokens per forward to win, so this round mix loses.{hint}")
+
+
+def identity_line(spec_events: list[RoundEvent], base_events: list[RoundEvent], greedy: bool,
+                  acceptance: str) -> str:
+    """Greedy: the two texts must be identical. Sampling: they need not be. Typical: lossy."""
+    s_ids = [t.token_id for ev in spec_events for t in ev.emitted]
+    b_ids = [t.token_id for ev in base_events for t in ev.emitted]
+    if greedy:
+        if s_ids == b_ids:
+            return "✓ **identical** texts (greedy: speculative decoding must reproduce the baseline exactly)"
+        k = next((i for i, (x, y) in enumerate(zip(s_ids, b_ids)) if x != y), min(len(s_ids), len(b_ids)))
+        return (f"✗ texts **differ** from token {k} (greedy should match exactly; in fp16/bf16 tiny numeric "
+                "differences between a tree forward and a single-token forward can flip a tie)")
+    if acceptance in LOSSY_RULES:
+        return "typical acceptance is **LOSSY**: the output no longer follows the target distribution"
+    return "sampling: the two texts need not match; lossless verification means both follow the same distribution"
+
+
+def race_markdown(spec_events: list[RoundEvent], spec_s: float, base_events: list[RoundEvent], base_s: float,
+                  *, done: bool, max_new_tokens: int, greedy: bool, acceptance: str, device: str = "CPU",
+                  temperature: float = 0.0, how: str = "") -> str:
+    """The race table (live while running), then the measured ratio and its explanation when both finished."""
+    s, b = lane_numbers(spec_events, spec_s), lane_numbers(base_events, base_s)
+
+    def cell(x, fmt):
+        return "–" if x is None else format(x, fmt)
+
+    rows = [("speculative" + how, s), ("plain decoding", b)]
+    table = ("| | tokens | wall time (s) | target forwards | tokens / forward | tok/s |\n"
+             "|---|---|---|---|---|---|\n" +
+             "".join(f"| {name} | {n['tokens']}/{max_new_tokens} | {n['seconds']:.2f} | {n['forwards']} | "
+                     f"{cell(n['tokens_per_forward'], '.2f')} | {cell(n['tokens_per_second'], '.1f')} |\n"
+                     for name, n in rows))
+    if not done:
+        return "**Race running…** (both lanes share one engine clock: engine time only)\n\n" + table
+    ratio = race_ratio(s, b)
+    head = "n/a" if ratio is None else f"{ratio:.2f}×"
+    verdict = "" if ratio is None else (" (faster)" if ratio >= 1 else " (**slower**: below 1)")
+    return (f"**Measured ratio {head}**{verdict}: speculative tok/s ÷ plain tok/s (same prompt, settings and "
+            f"seed; engine time after an untimed warm-up, UI excluded).\n\n{table}\n"
+            f"{explain(spec_events, base_events, ratio, device, temperature)}\n\n"
+            f"{identity_line(spec_events, base_events, greedy, acceptance)}.")

@@ -1,0 +1,160 @@
+"""Round replay: which round to show, where to jump, and what each round did, in plain words.
+
+Pure functions of round events (`events[i].index == i`: round 0 is the
+prefill). The narration and the per-node rule read only what an event
+carries: each node's target probability p under its parent's filtered law,
+its status and its rank, so they explain *why* a draft was accepted or not.
+"""
+from __future__ import annotations
+
+from specdec import RoundEvent
+
+from .stats import accepted_drafts
+
+HIGHLIGHT_COLOR = "#6a1b9a"  # the current round's tokens: an outline in the ⚙ marker's purple
+
+
+def _q(text: str) -> str:
+    """A token quoted for a sentence, whitespace made visible."""
+    shown = text.replace("\n", "↵").replace("\t", "⇥")
+    return "'" + (shown if shown.strip() else shown.replace(" ", "␣")) + "'" if shown else "''"
+
+
+def _list(texts: list[str], limit: int = 6) -> str:
+    shown = [_q(t) for t in texts[:limit]]
+    if len(texts) > limit:
+        shown.append(f"… ({len(texts) - limit} more)")
+    return ", ".join(shown)
+
+
+def _rejected_before(ev: RoundEvent, i: int) -> list[int]:
+    """Siblings of node i that the verifier tried and rejected before it (lookup first, then rank order)."""
+    me = ev.nodes[i]
+    order = lambda n: (n.rank, n.token_id)  # noqa: E731  lookup nodes have rank -1: tried first
+    return [j for j, n in enumerate(ev.nodes) if j != i and n.parent == me.parent and n.status == "rejected"
+            and order(n) < order(me)]
+
+
+def node_rule(ev: RoundEvent, i: int) -> str:
+    """Why node i of a round was accepted, rejected or never tried, under the round's acceptance rule."""
+    n = ev.nodes[i]
+    if n.status == "root":
+        return "the last committed token (the round starts here)"
+    if n.status == "not_reached":
+        parent = ev.nodes[n.parent]
+        if parent.status in ("rejected", "not_reached"):
+            return "not tried: its parent was not accepted"
+        return "not tried: a sibling was accepted first"
+    p = n.target_prob
+    ps = "n/a" if p is None else f"{p:.3f}"
+    verdict = "accepted" if n.status == "accepted" else "rejected"
+    if ev.acceptance == "greedy":
+        why = "it is the target's top token" if n.status == "accepted" else "it is not the target's top token"
+        return f"{verdict}: {why} (p = {ps})"
+    if ev.acceptance == "typical":
+        return (f"{verdict}: typical acceptance keeps x when p(x) > min(ε, δ·e^(−H(p))) (p = {ps}; LOSSY rule)")
+    # Lossless: the draft is a point mass (q = 1), so min(1, p/q) = p; each rejected sibling is
+    # removed from the law and the rest renormalised (r).
+    before = _rejected_before(ev, i)
+    if p is None:
+        return f"{verdict}"
+    if not before:
+        return f"{verdict}: accept with probability p(x) = {ps} (the draft is a point mass: min(1, p/q), q = 1)"
+    gone = sum(ev.nodes[j].target_prob or 0.0 for j in before)
+    r = p / (1 - gone) if gone < 1 else 1.0
+    return (f"{verdict}: accept with probability r(x) = p / (1 − {gone:.3f}) = {min(r, 1.0):.3f}, "
+            f"after {len(before)} rejected sibling{'s' if len(before) > 1 else ''} left the law")
+
+
+def narrate(ev: RoundEvent | None) -> str:
+    """One or two plain sentences on what a round did."""
+    if ev is None:
+        return ""
+    own = [t for t in ev.emitted if t.kind != "accepted"]
+    if ev.index == 0:
+        first = f" and picked the first token {_q(ev.emitted[0].text)}" if ev.emitted else ""
+        cached = f" ({ev.prefix_cache_hit} of them reused from the prefix cache)" if ev.prefix_cache_hit else ""
+        return (f"Round 0 is the prefill: the target read the {ev.prompt_tokens}-token prompt{cached} in one "
+                f"forward{first}. Nothing was drafted yet.")
+    if not ev.nodes:
+        tok = _q(own[-1].text) if own else "nothing"
+        return f"Plain decoding: one target forward, one token {tok}. No draft tree this round."
+    drafts = [n for n in ev.nodes[1:]]
+    by_lookup = sum(1 for n in drafts if n.source == "lookup")
+    branches = sum(1 for n in drafts if n.parent == 0)
+    who = "The heads" if not by_lookup else ("Prompt lookup" if by_lookup == len(drafts) else
+                                           f"The heads and prompt lookup ({by_lookup} copied)")
+    first = (f"{who} proposed {len(drafts)} token{'s' if len(drafts) != 1 else ''} in {branches} "
+             f"branch{'es' if branches != 1 else ''}.")
+    path = [ev.nodes[i] for i in ev.accepted_path[1:]]
+    agreed = (f"The target agreed with {_list([n.text for n in path])}" if path
+              else "The target accepted none of the drafts")
+    last = ev.accepted_path[-1] if ev.accepted_path else 0
+    rejected = [n for n in ev.nodes if n.parent == last and n.status == "rejected"]
+    tail = ""
+    if own:
+        tok = own[-1]
+        if tok.kind == "correction":
+            if rejected:
+                worst = ", ".join(f"{_q(n.text)} (target p = {n.target_prob:.2f})" if n.target_prob is not None
+                                  else _q(n.text) for n in rejected[:3])
+                more = f" and {len(rejected) - 3} more" if len(rejected) > 3 else ""
+                tail = f"; it rejected {worst}{more}, so it sampled a correction {_q(tok.text)}"
+            else:
+                tail = f", then sampled a correction {_q(tok.text)}"
+        else:
+            tail = f"; the whole path held, so it added a bonus token {_q(tok.text)} of its own"
+    elif ev.finished:
+        tail = " (the run ended inside this round)"
+    second = f"{agreed}{tail}."
+    got = accepted_drafts(ev)
+    return f"{first} {second} One forward, {len(ev.emitted)} token{'s' if len(ev.emitted) != 1 else ''} ({got} drafted)."
+
+
+def has_rejection(ev: RoundEvent) -> bool:
+    return any(n.status == "rejected" for n in ev.nodes)
+
+
+def instructive_round(events: list[RoundEvent]) -> int:
+    """The round most worth showing after a run: a long accepted path that also shows a rejection.
+
+    Score: (accepted drafts, a rejection was visible, drafts reached by the verifier); ties go to
+    the later round. Without any speculative round, the last round.
+    """
+    best, key = (len(events) - 1 if events else 0), None
+    for ev in events:
+        if ev.index == 0 or not ev.nodes:
+            continue
+        reached = sum(1 for n in ev.nodes if n.status in ("accepted", "rejected"))
+        k = (accepted_drafts(ev), has_rejection(ev), reached)
+        if key is None or k >= key:
+            best, key = ev.index, k
+    return best
+
+
+def longest_accept(events: list[RoundEvent]) -> int:
+    """The (first) round that accepted the most drafts; 0 when none accepted any."""
+    best, most = 0, 0
+    for ev in events:
+        n = accepted_drafts(ev)
+        if n > most:
+            best, most = ev.index, n
+    return best
+
+
+def next_rejection(events: list[RoundEvent], current: int) -> int:
+    """The next round after `current` (wrapping around) in which the target rejected a draft."""
+    n = len(events)
+    for step in range(1, n + 1):
+        ev = events[(current + step) % n]
+        if has_rejection(ev):
+            return ev.index
+    return current
+
+
+def highlight_css(index: int | None) -> str:
+    """A style tag that outlines round `index`'s tokens in the token stream (and its ⚙ marker)."""
+    if index is None:
+        return ""
+    return (f'<style>#tokens .sd-tok[data-round="{int(index)}"]{{outline:2px solid {HIGHLIGHT_COLOR};'
+            f"outline-offset:-1px}}</style>")
