@@ -71,7 +71,7 @@ def _model_line(loaded: specdec.Loaded) -> str:
     return f"model **{name}** ({params:.1f}M params, {dtype}, {loaded.device}) · {heads}{cache}"
 
 
-HOW_TO_READ = """<details id="how-to-read" open><summary><b>How to read this</b> (click to fold)</summary>
+HOW_TO_READ = """<details id="how-to-read" open><summary><b>How to read this</b> (five lines)</summary>
 <ol class="sd-howto">
 <li><b>The idea.</b> A big model writes one token per forward pass. Speculative decoding lets cheap drafters guess
 several tokens ahead, then checks every guess in <i>one</i> forward of the big (target) model.</li>
@@ -147,9 +147,9 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
     with gr.Blocks(title="specdec: speculative decoding, visible") as demo:
         session = gr.State(Session(live=d), delete_callback=lambda s: s.clear())
         gr.Markdown("# specdec: speculative decoding, round by round\n"
-                    "Speculative decoding makes a language model faster without changing what it writes: cheap "
-                    "drafters guess several tokens, and one forward of the model checks them all. Watch each "
-                    "round's guesses, which ones the model kept, and why. " + _model_line(loaded), elem_id="title")
+                    "Cheap drafters guess several tokens; one forward of the model checks them all, and the text "
+                    "stays exactly the model's. Watch each round's guesses, which ones were kept, and why.",
+                    elem_id="title")
         gr.HTML(HOW_TO_READ, elem_id="how-to-read-box", js_on_load=HOW_TO_READ_JS)
         # Output first: on a phone the columns stack, and the prompt, buttons and tokens come before settings.
         with gr.Row(elem_id="main-row"):
@@ -172,11 +172,12 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
                         with gr.Column(min_width=160):
                             gr.Markdown("**plain decoding** (baseline)", elem_classes=["sd-lane"])
                             cmp_base = gr.HTML("", label="baseline", elem_id="cmp-base")
-                gr.HTML(legend_html(), elem_id="legend")
                 tokens = gr.HTML("", label="tokens", elem_id="tokens", autoscroll=True, js_on_load=TOKENS_JS)
                 gr.HTML('<div class="sd-detail">Click or tap a token for its details.</div>', elem_id="token-detail")
                 round_style = gr.HTML("", elem_id="round-style")  # outlines the shown round's tokens
                 stats = gr.Markdown("", label="stats", elem_id="stats")
+                gr.HTML(legend_html(), elem_id="legend")
+                gr.Markdown(_model_line(loaded), elem_id="model-line")
                 with gr.Row(elem_id="round-controls"):
                     replay_btn = gr.Button("▶ replay", elem_id="replay-btn", size="sm", min_width=70)
                     prev_btn = gr.Button("◀ round", elem_id="prev-round-btn", size="sm", min_width=70)

@@ -448,5 +448,4 @@ class Handlers:
         return {"cpu": "CPU", "cuda": "GPU"}.get(self.loaded.device.type, self.loaded.device.type)
 
 
-COMPARE_HINT = ("**Compare** races speculative decoding against plain decoding on the same prompt, settings "
-                "and seed, side by side, and explains the measured ratio.")
+COMPARE_HINT = "**Compare**: race speculative against plain decoding, side by side, and see why one wins."

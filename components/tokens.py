@@ -76,9 +76,15 @@ def render_tokens(events: list[RoundEvent]) -> str:
     return "".join(parts)
 
 
+LEGEND_NAMES = {"accepted": "accepted draft", "correction": "correction", "bonus": "bonus", "first": "first token",
+                "baseline": "plain decoding"}  # short: the legend sits under the tokens, also on a phone
+
+
 def legend_html(kinds=("accepted", "correction", "bonus", "first", "baseline")) -> str:
-    items = "".join(f'<span class="sd-tok sd-{k}">{html.escape(KIND_LABELS[k])}</span>' for k in kinds)
-    items += '<span class="sd-tok sd-accepted sd-lookup">accepted draft from prompt lookup</span>'
+    items = "".join(f'<span class="sd-tok sd-{k}" title="{html.escape(KIND_LABELS[k], quote=True)}">'
+                    f"{html.escape(LEGEND_NAMES[k])}</span>" for k in kinds)
+    items += ('<span class="sd-tok sd-accepted sd-lookup" title="an accepted draft that prompt lookup proposed">'
+              "from prompt lookup</span>")
     return (f'<div class="sd-legend"><b>Who wrote each token:</b> {items}'
             f'<span class="sd-change">⚙</span> settings changed · click or tap a token for its details and '
             f"its round</div>")

@@ -25,7 +25,7 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 
 @pytest.fixture(scope="module")
 def url():
-    demo = build_demo(specdec.load(device="cpu"))
+    demo = build_demo(specdec.load(device="cpu"), replay_interval=0.4)
     _, local, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
                               quiet=True, **launch_kwargs())
     yield local
@@ -59,6 +59,8 @@ def test_generate_in_a_real_browser(url, browser):
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(url, wait_until="domcontentloaded", timeout=60_000)
+    page.wait_for_selector("#how-to-read-box details", timeout=60_000)
+    assert page.locator("#how-to-read-box details").get_attribute("open") is not None  # first visit: open
     prompt = page.locator("#prompt textarea")
     prompt.wait_for(timeout=60_000)
 
@@ -88,7 +90,7 @@ def test_generate_in_a_real_browser(url, browser):
     assert spans.count() == 24
     assert page.locator("#tokens .sd-prompt").text_content() == "class Stack:"
     title = spans.first.get_attribute("title")
-    assert title.startswith("round 0 · ") and "target p=" in title
+    assert title.startswith("round 0 · first token") and "target p=" in title  # the prefill's token is no "bonus"
     kinds = {c for i in range(spans.count()) for c in spans.nth(i).get_attribute("class").split()}
     assert kinds & {"sd-accepted", "sd-correction", "sd-bonus"}
     assert page.locator("#legend .sd-legend").count() == 1
@@ -114,4 +116,167 @@ def test_generate_in_a_real_browser(url, browser):
     page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 10_000
     assert not errors, errors
+    page.reload(wait_until="domcontentloaded")  # a later visit: "How to read this" starts folded
+    page.wait_for_selector("#how-to-read-box details", timeout=60_000)
+    page.wait_for_timeout(300)
+    assert page.locator("#how-to-read-box details").get_attribute("open") is None
+    page.close()
+
+
+class Watch:
+    """Every HTTP response >= 500 and every page error of one page (there must be none)."""
+
+    def __init__(self, page):
+        self.bad: list[str] = []
+        page.on("response", lambda r: self.bad.append(f"{r.status} {r.url}") if r.status >= 500 else None)
+        page.on("pageerror", lambda e: self.bad.append(str(e)))
+
+
+def open_app(browser, url, **context):
+    page = browser.new_context(**context).new_page()
+    watch = Watch(page)
+    page.goto(url, wait_until="domcontentloaded", timeout=60_000)
+    page.wait_for_selector("#sampler-plot .js-plotly-plot", timeout=60_000)
+    return page, watch
+
+
+def wait_text(page, selector: str, words: str, timeout: int = 90_000) -> None:
+    page.wait_for_function(
+        "([sel, words]) => [...document.querySelectorAll(sel)].some(e => e.textContent.includes(words))",
+        arg=[selector, words], timeout=timeout)
+
+
+def in_view(page, selector: str) -> bool:
+    return page.evaluate("""(sel) => { const r = document.querySelector(sel).getBoundingClientRect();
+        return r.height > 0 && r.top >= -2 && r.top < window.innerHeight; }""", selector)
+
+
+def shot(page, name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / name
+    page.screenshot(path=str(path))
+    return path
+
+
+@pytest.mark.timeout(300)
+def test_desktop_toasts_every_token_replay_and_the_race(url, browser):
+    page, watch = open_app(browser, url, viewport={"width": 1440, "height": 900})
+    # Out-of-range typed values: a toast that names the range (was: a silent 500 from /set_sampling).
+    set_number(page, "temperature", 5)
+    wait_text(page, ".toast-body", "`temperature` must be in [0.0, 2.0], got 5", 30_000)
+    set_number(page, "top-p", 0)
+    wait_text(page, ".toast-body", "`top_p` must be in (0.0, 1.0]", 30_000)
+    # The greedy rule ignores temperature: its slider is greyed out.
+    page.locator("#acceptance label", has_text="greedy").click()
+    page.wait_for_function("() => document.querySelector('#temperature input[type=number]').disabled")
+
+    # A 512-token greedy run: every token reachable in the tokens box, long lines wrapped.
+    page.locator("#prompt textarea").fill("class Stack:")
+    set_number(page, "max-new", 512)
+    page.click("#generate-btn")
+    page.wait_for_selector("#tokens .sd-tok", timeout=60_000)
+    set_number(page, "round-slider", 50)  # typed while streaming, past the slider's maximum: no 500
+    wait_text(page, "#stats", "done:", 180_000)
+    page.wait_for_timeout(500)
+    n = page.locator("#tokens .sd-tok").count()
+    assert n >= 500  # 512, or fewer when the model's context fills up first
+    seen = page.evaluate("""() => {
+        const box = document.querySelector('#tokens'); box.scrollTop = box.scrollHeight;
+        const b = box.getBoundingClientRect(); const spans = [...box.querySelectorAll('.sd-tok')];
+        const last = spans[spans.length - 1]; last.scrollIntoView({block: 'nearest'});
+        const r = last.getBoundingClientRect();
+        const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+        return {visible: hit === last || last.contains(hit), wide: spans.filter(s => s.getBoundingClientRect().right > b.right + 1).length}; }""")
+    assert seen == {"visible": True, "wide": 0}, seen
+    # The sampler view followed the run: it shows where the last token was drawn, that token starred.
+    sampler = page.locator("#sampler-plot .gtitle").first.text_content()
+    assert "where the run's last token" in sampler and "★" in page.locator("#sampler-plot").text_content()
+
+    # Click a token: its details, and its round in the tree and the narration.
+    page.locator('#tokens .sd-tok[data-round="3"]').first.click()
+    wait_text(page, "#round-info", "Round 3", 30_000)
+    assert "round 3" in page.locator("#token-detail").text_content()
+    assert 'data-round="3"' in page.locator("#round-style").inner_html()
+    page.click("#next-rejection-btn")
+    page.wait_for_function("() => !document.querySelector('#round-info').textContent.includes('Round 3 ')")
+    assert "rejected" in page.locator("#round-info").text_content()
+    page.click("#longest-accept-btn")
+    wait_text(page, "#round-info", "The target agreed with", 30_000)
+    # ▶ replay: the rounds go by, the narration and the highlighted tokens follow.
+    set_number(page, "round-slider", 0)
+    wait_text(page, "#round-info", "Round 0 is the prefill", 30_000)
+    page.click("#next-round-btn")
+    wait_text(page, "#round-info", "Round 1 ·", 30_000)
+    page.click("#replay-btn")
+    wait_text(page, "#round-info", "Round 2 ·", 30_000)
+    assert 'data-round="2"' in page.locator("#round-style").inner_html() or "Round 3" in \
+        page.locator("#round-info").text_content()
+    page.locator("#round-info").scroll_into_view_if_needed()
+    page.wait_for_timeout(300)
+    shot(page, "app_replay.png")
+    page.click("#stop-btn")  # ends the replay
+
+    # Compare: the race appears near the top, with its explained ratio, without opening anything.
+    set_number(page, "max-new", 96)
+    page.click("#compare-btn")
+    wait_text(page, "#compare-md", "Race running", 60_000)
+    wait_text(page, "#compare-md", "Measured ratio", 120_000)
+    page.wait_for_timeout(600)
+    assert in_view(page, "#compare-md") and in_view(page, "#cmp-spec") and in_view(page, "#cmp-base")
+    md = page.locator("#compare-md").text_content()
+    assert "Why speculation" in md and "target forwards" in md and "identical" in md
+    shot(page, "app_race.png")
+    assert not watch.bad, watch.bad
+    page.close()
+
+
+@pytest.mark.timeout(180)
+def test_after_stop_every_round_is_reachable(url, browser):
+    page, watch = open_app(browser, url, viewport={"width": 1440, "height": 900})
+    page.locator("#prompt textarea").fill("def quicksort(arr):")
+    set_number(page, "max-new", 400)
+    set_number(page, "temperature", 1.0)
+    page.click("#generate-btn")
+    wait_text(page, "#stats", "decoding rounds", 60_000)
+    page.wait_for_timeout(1500)
+    page.click("#stop-btn")
+    wait_text(page, "#stats", "stopped by you", 60_000)
+    rounds = int(page.locator("#stats strong").nth(1).text_content())  # "**N** tokens in **R** decoding rounds"
+    page.wait_for_function("(r) => document.querySelector('#round-slider input[type=number]').max == String(r)",
+                           arg=rounds, timeout=30_000)
+    set_number(page, "round-slider", rounds)
+    wait_text(page, "#round-info", f"Round {rounds}", 30_000)
+    assert not watch.bad, watch.bad
+    page.close()
+
+
+@pytest.mark.timeout(180)
+def test_phone_layout(url, browser):
+    page, watch = open_app(browser, url, viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
+                           device_scale_factor=1)
+    # Output first: prompt, buttons and the tokens come before the settings, which fold away.
+    assert page.locator("#how-to-read-box details").get_attribute("open") is None
+    y = {sel: page.locator(sel).bounding_box()["y"] for sel in ("#prompt", "#generate-btn", "#tokens", "#settings")}
+    assert y["#prompt"] < y["#generate-btn"] < y["#tokens"] < y["#settings"], y
+    assert y["#tokens"] < 844, "the tokens must be on the first screen, next to the Generate button"
+    set_number(page, "max-new", 24)
+    page.locator("#generate-btn").tap()
+    wait_text(page, "#stats", "done:", 90_000)
+    page.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer .point", timeout=30_000)
+    assert in_view(page, "#tokens")
+    # No Plotly toolbar, and the tree and its title fit the screen.
+    assert page.evaluate("() => [...document.querySelectorAll('.modebar-container')]"
+                         ".every(m => getComputedStyle(m).display === 'none')")
+    box = page.locator("#tree-plot .main-svg").first.bounding_box()
+    assert box["x"] >= 0 and box["x"] + box["width"] <= 390
+    title = page.locator("#tree-plot .gtitle").first.bounding_box()
+    assert title["x"] >= 0 and title["x"] + title["width"] <= 390
+    # Tap a token: its details show (touch screens have no hover titles).
+    page.locator('#tokens .sd-tok[data-round="1"]').first.tap()
+    wait_text(page, "#token-detail", "round 1", 30_000)
+    wait_text(page, "#round-info", "Round 1", 30_000)
+    page.evaluate("() => window.scrollTo(0, 0)")
+    page.wait_for_timeout(300)
+    shot(page, "app_phone.png")
+    assert not watch.bad, watch.bad
     page.close()
