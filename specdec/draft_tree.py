@@ -65,10 +65,14 @@ def _validate(paths) -> tuple[Path, ...]:
     return tuple(sorted(out, key=lambda p: (len(p), p)))
 
 
-@lru_cache(maxsize=64)
 def build_tree(paths: tuple[Path, ...]) -> Tree:
     """Build all buffers from a tuple of rank paths (root excluded)."""
-    body = _validate(paths)
+    # Validate before the cache: (1.0,) == (1,) and hashes alike, so a cached lookup would let it through.
+    return _build(_validate(paths))
+
+
+@lru_cache(maxsize=64)
+def _build(body: tuple[Path, ...]) -> Tree:
     nodes: tuple[Path, ...] = ((),) + body
     index = {p: i for i, p in enumerate(nodes)}
     N = len(nodes)

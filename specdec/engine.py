@@ -212,13 +212,16 @@ class Engine:
         produced = 0
         ngram = NgramIndex(ids, lookup_ngram) if speculative and lookup else None
 
-        # Round 0: prefill (reusing a cached prefix when there is one).
+        # Round 0: prefill (reusing a cached prefix when there is one). The KV buffer is sized once, for
+        # the prompt, every new token and the largest tree, rounded up so shapes repeat across requests.
         t0 = time.perf_counter()
+        most_nodes = (full_tree.num_nodes + lookup) if full_tree is not None else 1
+        capacity = kv_cache.bucket(len(ids) + max_new_tokens + most_nodes) if target.slots else None
         cache, hit = None, 0
         if self.prefix_cache is not None:
-            cache, hit = self.prefix_cache.lookup(target.model, ids)
+            cache, hit = self.prefix_cache.lookup(target.model, ids, capacity)
         if cache is None:
-            cache, hit = kv_cache.new_cache(target.model), 0
+            cache, hit = kv_cache.new_cache(target.model, capacity), 0
         hidden = target.forward(torch.tensor(ids[hit:], dtype=torch.long), cache)  # [T, H]
         if self.prefix_cache is not None:
             self.prefix_cache.insert(ids, cache)

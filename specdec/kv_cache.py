@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import get_layer_types_and_kwargs
+from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
 # Layer types whose cache is plain keys/values per position, so a gather can roll a tree back.
 _WINDOWED = ("sliding_attention", "chunked_attention")
@@ -60,24 +60,100 @@ def attention_layout(config) -> AttentionLayout:
     return AttentionLayout(tuple(types), windows)
 
 
-def new_cache(model) -> DynamicCache:
-    """An empty cache of plain full-history layers (no config: no sliding layers, see above)."""
-    return DynamicCache()
+class _SlotLayer(CacheLayerMixin):
+    """One layer's keys and values, preallocated [1, kv_heads, capacity, head_dim] and written at slots.
+
+    `update` writes the step's T entries at slots [length, length + T) and returns the whole buffer;
+    the 4D mask (covering [0, capacity)) hides the slots that hold nothing committed.
+    """
+
+    is_compileable = True
+
+    def __init__(self, owner: "SlotCache") -> None:
+        super().__init__()
+        self.owner = owner
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        B, Hk, _, D = key_states.shape
+        cap = self.owner.capacity
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys = torch.zeros(B, Hk, cap, D, dtype=key_states.dtype, device=key_states.device)
+        self.values = torch.zeros(B, Hk, cap, value_states.shape[-1], dtype=value_states.dtype,
+                                  device=value_states.device)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start = self.owner.length
+        end = start + key_states.shape[-2]
+        assert end <= self.owner.capacity, f"KV buffer overflow: {end} slots > capacity {self.owner.capacity}"
+        self.keys[:, :, start:end] = key_states  # a copy into place: no allocation, no cat
+        self.values[:, :, start:end] = value_states
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.capacity, 0
+
+    def get_seq_length(self) -> int:
+        return self.owner.length
+
+    def get_max_length(self) -> int:
+        return self.owner.capacity
 
 
-def _layers(cache: DynamicCache):
+class SlotCache(Cache):
+    """specdec's position-addressed KV buffer: `capacity` slots per layer, fixed at request start.
+
+    Slots [0, length) hold the committed tokens in order, so slot s is position s. A forward of T
+    tokens writes slots [length, length + T) and `advance` counts them; `keep_path` then moves the
+    accepted ones to [L, L + a) with one `index_copy_` per layer. RoPE positions come from the
+    caller's `position_ids`, never from the slot, so a tree's nodes can sit at any slot.
+    """
+
+    def __init__(self, num_layers: int, capacity: int) -> None:
+        self.capacity = int(capacity)
+        self.length = 0
+        super().__init__(layers=[_SlotLayer(self) for _ in range(num_layers)])
+
+
+def bucket(n: int, step: int = 64) -> int:
+    """Round a capacity up so that buffer and mask shapes repeat across requests."""
+    return -(-n // step) * step
+
+
+def new_cache(model, capacity: int | None = None) -> Cache:
+    """An empty cache: a SlotCache of `capacity` slots, or (None) plain growing full-history layers."""
+    if capacity is not None:
+        return SlotCache(model.config.get_text_config(decoder=True).num_hidden_layers, capacity)
+    return DynamicCache()  # no config: no sliding layers, see above
+
+
+def _layers(cache: Cache):
     layers = getattr(cache, "layers", None)
     if layers is None:
         raise RuntimeError("unsupported transformers cache API: DynamicCache has no `layers` (tested with 5.23)")
     return layers
 
 
-def length(cache: DynamicCache) -> int:
-    return int(cache.get_seq_length())
+def length(cache: Cache) -> int:
+    """Committed tokens (for a DynamicCache, every token it holds)."""
+    return cache.length if isinstance(cache, SlotCache) else int(cache.get_seq_length())
+
+
+def mask_width(cache: Cache, new_tokens: int) -> int:
+    """Key slots a forward of `new_tokens` attends over: the whole buffer, or past + new."""
+    return cache.capacity if isinstance(cache, SlotCache) else length(cache) + new_tokens
+
+
+def advance(cache: Cache, new_tokens: int) -> None:
+    """After a forward: count the tokens it wrote (a DynamicCache grew by itself)."""
+    if isinstance(cache, SlotCache):
+        cache.length += new_tokens
 
 
 @torch.inference_mode()
-def keep_path(cache: DynamicCache, prefix_len: int, nodes: list[int]) -> None:
+def keep_path(cache: Cache, prefix_len: int, nodes: list[int]) -> None:
     """Keep the prefix plus the tree nodes `nodes` (indices after the prefix), in that order.
 
     Args:
@@ -86,22 +162,29 @@ def keep_path(cache: DynamicCache, prefix_len: int, nodes: list[int]) -> None:
     """
     n = len(nodes)
     contiguous = nodes == list(range(n))
-    idx = None
+    idx = dest = None
     for layer in _layers(cache):
         if layer.keys is None or layer.keys.numel() == 0:
             continue
         if not contiguous:
             if idx is None:  # built once, not once per layer
                 idx = torch.tensor(nodes, device=layer.keys.device) + prefix_len
-            # advanced indexing copies first, so overlapping source/target slots are safe
-            layer.keys[..., prefix_len : prefix_len + n, :] = layer.keys[..., idx, :]
-            layer.values[..., prefix_len : prefix_len + n, :] = layer.values[..., idx, :]
-        layer.keys = layer.keys[..., : prefix_len + n, :]
-        layer.values = layer.values[..., : prefix_len + n, :]
+                dest = torch.arange(prefix_len, prefix_len + n, device=layer.keys.device)
+            # index_select copies first, so overlapping source/target slots are safe
+            layer.keys.index_copy_(2, dest, layer.keys.index_select(2, idx))
+            layer.values.index_copy_(2, dest, layer.values.index_select(2, idx))
+        if not isinstance(cache, SlotCache):
+            layer.keys = layer.keys[..., : prefix_len + n, :]
+            layer.values = layer.values[..., : prefix_len + n, :]
+    if isinstance(cache, SlotCache):
+        cache.length = prefix_len + n  # the slots after it are garbage, hidden by the mask
 
 
-def crop(cache: DynamicCache, new_len: int) -> None:
+def crop(cache: Cache, new_len: int) -> None:
     """Drop every entry after the first `new_len`."""
+    if isinstance(cache, SlotCache):
+        cache.length = min(cache.length, new_len)
+        return
     for layer in _layers(cache):
         if layer.keys is not None and layer.keys.numel():
             layer.keys = layer.keys[..., :new_len, :]
@@ -109,15 +192,22 @@ def crop(cache: DynamicCache, new_len: int) -> None:
 
 
 @torch.inference_mode()
-def snapshot(cache: DynamicCache, upto: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def snapshot(cache: Cache, upto: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Copies of the first `upto` entries of every layer (for the prefix cache)."""
     return [(l.keys[..., :upto, :].clone(), l.values[..., :upto, :].clone()) for l in _layers(cache)]
 
 
 @torch.inference_mode()
-def restore(model, saved: list[tuple[torch.Tensor, torch.Tensor]], upto: int) -> DynamicCache:
+def restore(model, saved: list[tuple[torch.Tensor, torch.Tensor]], upto: int, capacity: int | None = None) -> Cache:
     """A fresh cache holding the first `upto` entries of a snapshot (copied, so the snapshot stays intact)."""
-    cache = new_cache(model)
+    cache = new_cache(model, capacity)
+    if isinstance(cache, SlotCache):
+        for layer, (k, v) in zip(cache.layers, saved):
+            layer.lazy_initialization(k, v)
+            layer.keys[:, :, :upto] = k[..., :upto, :]
+            layer.values[:, :, :upto] = v[..., :upto, :]
+        cache.length = upto
+        return cache
     for i, (k, v) in enumerate(saved):
         cache.update(k[..., :upto, :].clone(), v[..., :upto, :].clone(), i)
     return cache

@@ -47,8 +47,10 @@ class PrefixCache:
     def hit_ratio(self) -> float:
         return self.hits / self.lookups if self.lookups else 0.0
 
-    def lookup(self, model, ids: list[int]):
-        """Return (a fresh cache seeded with the longest shared prefix, its length) or (None, 0)."""
+    def lookup(self, model, ids: list[int], capacity: int | None = None):
+        """Return (a fresh cache seeded with the longest shared prefix, its length) or (None, 0).
+
+        `capacity`: the request's KV-buffer size (None: a growing DynamicCache)."""
         query = torch.tensor(ids, dtype=torch.long)
         with self._lock:
             self.lookups += 1
@@ -66,7 +68,7 @@ class PrefixCache:
             entry = self._entries[best_key]
             self.hits += 1
             self.hit_tokens += best_n
-            return kv_cache.restore(model, entry.kv, best_n), best_n
+            return kv_cache.restore(model, entry.kv, best_n, capacity), best_n
 
     def insert(self, ids: list[int], cache) -> None:
         """Store the KV of the whole prompt (the cache must hold at least len(ids) positions)."""

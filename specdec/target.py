@@ -57,6 +57,8 @@ class TargetModel:
         self.window_mode = self._window_mode()
         # The last position a request may reach exactly: None (no limit) once the window is in the masks.
         self.exact_limit = self.window if self.window_mode == "bounded" else None
+        # specdec's position-addressed buffer where the model's attention honours it; HF's growing cache else.
+        self.slots = self._slots_work()
 
     def _window_mode(self) -> str | None:
         """How a tree's mask reaches sliding-window layers.
@@ -97,6 +99,27 @@ class TargetModel:
         return not torch.allclose(free, masked)
 
     @torch.inference_mode()
+    def _slots_work(self) -> bool:
+        """Does the model write and read a SlotCache as it should? Three tokens then one through the buffer
+        must match a cache-free forward of all four; a model whose attention keeps its own cache, or
+        ignores the slots, falls back to HF's DynamicCache (exact, but shapes change every round)."""
+        ids = (torch.arange(4) * 7 + 3) % self.vocab_size
+        try:
+            want = self.base(input_ids=ids[None].to(self.device), use_cache=False).last_hidden_state[0, -1]
+            cache = kv_cache.new_cache(self.model, capacity=8)
+            self.forward(ids[:3], cache)
+            got = self.forward(ids[3:], cache)[-1]
+            ok = bool((got - want).float().norm() <= 1e-2 * want.float().norm() + 1e-5)
+        except (RuntimeError, ValueError, TypeError, AttributeError, IndexError, AssertionError) as e:
+            ok, why = False, f"{type(e).__name__}: {e}"
+        else:
+            why = "its hidden states differ from a cache-free forward"
+        if not ok:
+            log.warning("%s cannot use specdec's position-addressed KV buffer (%s); using HF's DynamicCache",
+                        type(self.model).__name__, why)
+        return ok
+
+    @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache, tree_mask: torch.Tensor | None = None,
                 depth: torch.Tensor | None = None) -> torch.Tensor:
         """Run T new tokens after the cached prefix; returns hidden states [T, H].
@@ -109,25 +132,38 @@ class TargetModel:
         past = kv_cache.length(cache)
         T = input_ids.shape[0]
         kwargs = {}
-        if tree_mask is not None:
-            neg = torch.finfo(self.dtype).min
-            deepest = past + int(depth.max())  # depth is host data: no device sync
-            pos = depth.to(self.device) + past
-            mask = torch.zeros(1, 1, T, past + T, dtype=self.dtype, device=self.device)  # [1, 1, T, past + T]
-            mask[0, 0, :, past:].masked_fill_(~tree_mask.to(self.device), neg)
-            kwargs["attention_mask"] = mask
-            if self.window_mode in ("uniform", "mapping") and deepest >= self.window:
-                # HF's sliding rule: query position q sees key position k iff k > q - window.
-                key_pos = torch.cat([torch.arange(past, device=self.device), pos])  # [past + T]
-                hidden = key_pos[None, :] <= pos[:, None] - self.window  # [T, past + T]
-                windowed = mask.masked_fill(hidden[None, None], neg)
-                kwargs["attention_mask"] = windowed if self.window_mode == "uniform" else {
-                    "full_attention": mask, "sliding_attention": windowed}
+        if tree_mask is None and not isinstance(cache, kv_cache.SlotCache):
+            pos = torch.arange(past, past + T, device=self.device)  # HF builds the causal (and window) masks
         else:
-            pos = torch.arange(past, past + T, device=self.device)
+            if tree_mask is None:  # a causal run is the chain tree
+                tree_mask = torch.ones(T, T, dtype=torch.bool).tril_()
+                depth = torch.arange(T)
+            kwargs["attention_mask"] = self._mask(tree_mask, depth, past, kv_cache.mask_width(cache, T))
+            pos = depth.to(self.device) + past
         out = self.base(input_ids=input_ids.to(self.device)[None], position_ids=pos[None],
                         past_key_values=cache, use_cache=True, **kwargs)
+        kv_cache.advance(cache, T)
         return out.last_hidden_state[0]
+
+    def _mask(self, tree_mask: torch.Tensor, depth: torch.Tensor, past: int, width: int):
+        """The additive 4D mask of T new tokens over `width` key slots (a dict per layer type when mixed).
+
+        Slots [0, past) hold committed tokens, visible to all; slots [past, past + T) the new tokens,
+        each seeing its ancestors; later slots (a SlotCache's unused or stale ones) are hidden.
+        """
+        T = tree_mask.shape[0]
+        neg = torch.finfo(self.dtype).min
+        mask = torch.full((1, 1, T, width), neg, dtype=self.dtype, device=self.device)  # [1, 1, T, width]
+        mask[0, 0, :, :past] = 0
+        mask[0, 0, :, past : past + T].masked_fill_(tree_mask.to(self.device), 0)
+        if self.window_mode not in ("uniform", "mapping") or past + int(depth.max()) < self.window:
+            return mask  # depth is host data: no device sync
+        # HF's sliding rule: query position q sees key position k iff k > q - window.
+        pos = depth.to(self.device) + past  # [T]
+        key_pos = torch.arange(width, device=self.device)  # slot s < past holds position s
+        key_pos[past : past + T] = pos
+        windowed = mask.masked_fill((key_pos[None, :] <= pos[:, None] - self.window)[None, None], neg)
+        return windowed if self.window_mode == "uniform" else {"full_attention": mask, "sliding_attention": windowed}
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

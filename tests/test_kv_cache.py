@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import specdec
-from conftest import PROMPTS, make_model, naive_logits, oracle_loaded
+from conftest import PROMPTS, VOCAB, make_model, naive_logits, oracle_loaded
 from specdec import kv_cache
 from specdec.draft_tree import build_tree
 from specdec.target import TargetModel
@@ -85,8 +85,8 @@ class CacheSpy:
         self.caches = []
         self.real = real = kv_cache.new_cache
 
-        def spy(model):
-            cache = real(model)
+        def spy(model, capacity=None):
+            cache = real(model, capacity)
             self.caches.append(cache)
             return cache
 
@@ -115,10 +115,13 @@ def test_engine_cache_holds_exactly_the_committed_tokens(arch, models, monkeypat
         if ev.index % 3 == 0 or ev.finished:
             fresh = spy.real(model)
             target.forward(torch.tensor(committed), fresh)
+            L = len(committed)
             for got, want in zip(cache.layers, fresh.layers):
-                torch.testing.assert_close(got.keys, want.keys, atol=1e-5, rtol=0)
-                torch.testing.assert_close(got.values, want.values, atol=1e-5, rtol=0)
+                torch.testing.assert_close(got.keys[..., :L, :], want.keys, atol=1e-5, rtol=0)
+                torch.testing.assert_close(got.values[..., :L, :], want.values, atol=1e-5, rtol=0)
     assert len(spy.caches) == 1
+    assert isinstance(spy.caches[0], kv_cache.SlotCache)  # the position-addressed buffer, not the fallback
+    assert spy.caches[0].capacity % 64 == 0 and spy.caches[0].capacity >= len(prompt) + n
     assert partial_non_contiguous >= 2, "the test must exercise non-contiguous rollbacks"
     assert out == ref[:n]
     plain = specdec.generate(loaded, prompt_ids=prompt, max_new_tokens=n, speculative=False, eos_token_id=None)
@@ -138,3 +141,60 @@ def test_attention_layout_reads_windows_and_refuses_recurrent_layers():
     for cfg in (Qwen3NextConfig(), MambaConfig()):
         with pytest.raises(ValueError, match="'linear_attention' layers"):
             kv_cache.attention_layout(cfg)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_slot_buffer_equals_a_fresh_prefill_after_any_commits(arch, models):
+    """Random trees, random accepted paths (non-contiguous too), until the buffer is exactly full:
+    after every commit the committed slots equal a fresh prefill of the committed tokens, the next
+    token's logits equal a cache-free forward, and nothing was ever reallocated."""
+    model = models[arch]
+    target = TargetModel(model)
+    assert target.slots
+    g = torch.Generator().manual_seed(1)
+    committed = [5, 9, 2]
+    capacity = 64
+    cache = kv_cache.new_cache(model, capacity)
+    target.forward(torch.tensor(committed), cache)
+    buffers = [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in cache.layers]
+    from specdec.draft_tree import PRESETS
+
+    trees = [build_tree(PRESETS["small"]), build_tree(PRESETS["chain"]), build_tree(())]
+    while True:
+        tree = trees[int(torch.randint(3, (1,), generator=g))]
+        if kv_cache.length(cache) + tree.num_nodes > capacity:
+            tree = build_tree(())  # fill the last slots one token at a time
+            if kv_cache.length(cache) + 1 > capacity:
+                break
+        tokens = torch.randint(0, VOCAB, (tree.num_nodes,), generator=g)
+        L = kv_cache.length(cache)
+        target.forward(tokens, cache, tree.ancestor_mask, tree.depth_t)
+        assert kv_cache.length(cache) == L + tree.num_nodes
+        path = [0]  # a random root-to-node path
+        while tree.children[path[-1]] and torch.rand(1, generator=g) < 0.8:
+            kids = tree.children[path[-1]]
+            path.append(kids[int(torch.randint(len(kids), (1,), generator=g))])
+        kv_cache.keep_path(cache, L, path)
+        committed += [int(tokens[i]) for i in path]
+        assert kv_cache.length(cache) == len(committed) <= capacity
+        fresh = kv_cache.new_cache(model)
+        h = target.forward(torch.tensor(committed), fresh)
+        for got, want in zip(cache.layers, fresh.layers):
+            torch.testing.assert_close(got.keys[..., : len(committed), :], want.keys, atol=1e-5, rtol=0)
+            torch.testing.assert_close(got.values[..., : len(committed), :], want.values, atol=1e-5, rtol=0)
+        torch.testing.assert_close(target.logits(h[-1]), naive_logits(model, committed), atol=1e-5, rtol=0)
+    assert len(committed) == capacity  # filled to the last slot
+    assert [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in cache.layers] == buffers
+    with pytest.raises(AssertionError, match="overflow"):
+        target.forward(torch.tensor([1]), cache)
+
+
+def test_slot_cache_snapshot_restore_keeps_capacity(llama):
+    target = TargetModel(llama)
+    cache = kv_cache.new_cache(llama, 64)
+    target.forward(torch.tensor([3, 4, 5, 6, 7]), cache)
+    saved = kv_cache.snapshot(cache, 5)
+    back = kv_cache.restore(llama, saved, 4, capacity=128)
+    assert isinstance(back, kv_cache.SlotCache) and back.capacity == 128 and kv_cache.length(back) == 4
+    h = target.forward(torch.tensor([7]), back)
+    torch.testing.assert_close(target.logits(h[-1]), naive_logits(llama, [3, 4, 5, 6, 7]), atol=1e-5, rtol=0)
