@@ -53,8 +53,9 @@ def render_card(metrics: dict, variant: str, heads_dir: Path) -> str:
         f"- {metrics['train_sequences']:,} training sequences ({metrics.get('train_generated_tokens', 0):,} "
         f"generated tokens, up to {metrics['gen_len']} per prompt; {data.get('records', '?')} records read), "
         f"{metrics['valid_sequences']:,} held-out prompts",
-        f"- distillation {metrics['distill_seconds']:.0f} s, training {metrics['steps']:,} steps in "
-        f"{metrics['train_seconds']:.0f} s",
+        f"- distillation {metrics['distill_seconds']:.0f} s"
+        + (f" ({metrics['distill_tokens_per_second']:,.0f} tokens/s)" if metrics.get("distill_tokens_per_second") else "")
+        + f", training {metrics['steps']:,} steps in {metrics['train_seconds']:.0f} s",
         "",
         "## Accuracy on held-out prompts",
         "",
@@ -90,11 +91,13 @@ def render_card(metrics: dict, variant: str, heads_dir: Path) -> str:
         "```python",
         "import specdec",
         f"loaded = specdec.load({model_arg!r}, heads={heads_arg!r})",
-        "print(specdec.generate(loaded, prompt=\"Hello\", max_new_tokens=64).text)",
+        "print(specdec.generate(loaded, prompt=\"Hello\", max_new_tokens=64"
+        + (", chat=True" if data.get("chat") else "") + ").text)",
         "```",
         "",
         "```bash",
-        f"specdec generate --model {model_arg} --heads {heads_arg} --prompt \"Hello\"",
+        f"specdec generate --model {model_arg} --heads {heads_arg} --prompt \"Hello\""
+        + (" --chat" if data.get("chat") else ""),
         f"python app.py --model {model_arg} --heads {heads_arg}",
         "# vLLM's Medusa layout:",
         f"python -m specdec export-heads --heads {heads_arg} --format vllm --out {heads_arg}-vllm",

@@ -6,8 +6,9 @@ generated in shards of `batch` rows with HF `generate`. Each finished shard
 is written to the cache folder at once, so a cut run continues where it
 stopped (`resume=True`) and retraining the heads with other settings skips
 generation. Most shards are greedy (what greedy verification checks
-against); the rest are sampled with a typical setting through specdec's own
-filter, so heads also see the kind of text lossless sampling produces.
+against); the rest are sampled with a typical setting from specdec's
+filtered law (temperature, top-p), so heads also see the kind of text lossless
+sampling produces.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import torch
 from tqdm import tqdm
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from ..sampler import SamplingParams, filter_logits
+from ..sampler import finite_logits
 
 log = logging.getLogger("specdec.train")
 
@@ -101,24 +102,46 @@ class Distilled:
             return Distilled(z["ids"], z["offsets"], z["prompt_lens"])
 
 
-class FilteredSampler(LogitsProcessor):
-    """Draws the next token from specdec's filtered law with an explicit generator.
+class NucleusSampler(LogitsProcessor):
+    """Temperature + top-p sampling by rejection, with an explicit generator.
 
-    It returns logits that are -inf everywhere but the drawn token, so HF's
-    greedy step takes it: the sampler is specdec's (`filter_logits`, one
-    uniform per row through the CDF) and the randomness is this generator's.
+    The nucleus (Holtzman et al.) keeps a token when the tokens more likely
+    than it hold less than top_p of the mass: the rule of
+    `specdec.sampler.filter_logits`. A draw from the temperature law p that
+    is redrawn until it lands in the nucleus follows the filtered law
+    exactly, and it lands there with probability >= top_p, so a row needs
+    about 1/top_p draws of O(V) each. The filter sorts the vocabulary when a
+    law is flat (an untrained model's always is), which cost 4x the rest of
+    a CPU decoding step. The returned logits are -inf everywhere but the
+    drawn token, so HF's greedy step takes it.
     """
 
-    def __init__(self, params: SamplingParams, generator: torch.Generator) -> None:
-        self.params, self.generator = params, generator
+    MAX_DRAWS = 64  # a row still outside after this many draws (odds < (1 - top_p)**64) takes its argmax
+
+    def __init__(self, temperature: float, top_p: float, generator: torch.Generator) -> None:
+        if not temperature > 0:
+            raise ValueError(f"`temperature` must be > 0 for sampled shards, got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"`top_p` must be in (0, 1], got {top_p}")
+        self.temperature, self.top_p, self.generator = temperature, top_p, generator
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:  # scores [B, V]
-        probs = torch.softmax(filter_logits(scores.float(), self.params), -1)
-        cdf = probs.cumsum(-1)  # [B, V]
-        u = torch.rand((scores.shape[0], 1), generator=self.generator, device=self.generator.device)
-        tok = torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_(max=scores.shape[-1] - 1)  # [B, 1]
-        out = torch.full_like(scores, float("-inf"))
-        return out.scatter_(1, tok, 0.0)
+        x = finite_logits(scores.float())
+        p = torch.softmax((x - x.amax(-1, keepdim=True)) / self.temperature, -1)  # [B, V]
+        cdf = p.cumsum(-1)  # [B, V]
+        tok = p.argmax(-1)  # [B]
+        todo = torch.arange(p.shape[0], device=p.device)
+        for _ in range(self.MAX_DRAWS):
+            u = torch.rand((len(todo), 1), generator=self.generator, device=p.device)
+            t = torch.searchsorted(cdf[todo], u * cdf[todo, -1:]).clamp_(max=p.shape[-1] - 1)  # [b, 1]
+            pt = p[todo].gather(1, t)  # [b, 1]
+            before = (p[todo] * (p[todo] > pt)).sum(-1)  # [b]: mass of the more likely tokens
+            ok = before < self.top_p
+            tok[todo[ok]] = t[ok, 0]
+            todo = todo[~ok]
+            if len(todo) == 0:
+                break
+        return torch.full_like(scores, float("-inf")).scatter_(1, tok[:, None], 0.0)
 
 
 def eos_ids(model, tokenizer) -> list[int]:
@@ -149,7 +172,7 @@ def generate_shard(model, prompts: list[list[int]], cfg: DistillConfig, greedy: 
                           eos_token_id=eos or None, bos_token_id=None)
     procs = LogitsProcessorList()
     if not greedy:
-        procs.append(FilteredSampler(SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p), generator))
+        procs.append(NucleusSampler(cfg.temperature, cfg.top_p, generator))
     out = model.generate(x.to(dev), attention_mask=mask.to(dev), generation_config=gc, logits_processor=procs)
     new = out[:, L:].cpu()  # [B, <= gen_len]
     rows, prompt_lens = [], []

@@ -102,6 +102,7 @@ def train_heads(model, tokenizer, out_dir: str | Path, variants: dict[str, dict]
     train = distill(model, train_prompts, DistillConfig(gen_len, gen_batch, greedy_frac, seed=seed), cache / "train",
                     eos, pad, resume, desc="distill train")
     distill_s = time.perf_counter() - t0
+    distill_tokens = train.generated_tokens + valid.generated_tokens
     log.info("distilled %d train sequences (%d new tokens) and %d held-out in %.0f s", len(train),
              train.generated_tokens, len(valid), distill_s)
     name = getattr(model.config, "_name_or_path", None) or type(model).__name__
@@ -147,7 +148,9 @@ def train_heads(model, tokenizer, out_dir: str | Path, variants: dict[str, dict]
     metrics = {"distill_seconds": distill_s, "train_seconds": train_s, "steps": step,
                "steps_per_second": step / train_s if train_s > 0 else 0.0,
                "train_sequences": len(train), "valid_sequences": len(valid),
-               "train_generated_tokens": train.generated_tokens, "prompt_len": prompt_len,
+               "train_generated_tokens": train.generated_tokens, "distill_tokens": distill_tokens,
+               "distill_tokens_per_second": distill_tokens / distill_s if distill_s > 0 else 0.0,
+               "prompt_len": prompt_len,
                "gen_len": gen_len, "distill_cache": str(cache), "variants": {}}
     for key, h in heads.items():
         h.eval()
