@@ -112,9 +112,11 @@ def test_held_out_split_is_seeded_disjoint_and_small():
 
 # -- distillation -----------------------------------------------------------------
 
-def test_left_padded_batches_equal_hf_generate_one_by_one(tmp_path):
-    model = _tiny()
-    prompts = [[5, 6, 9], [1, 2, 3, 4, 5, 6, 8, 8], [9] * 5, [100, 200], [11, 12, 13]]
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_left_padded_batches_equal_hf_generate_one_by_one(tmp_path, arch):
+    from conftest import make_model
+    model = make_model(arch, vocab=128)  # generate() below uses HF's own cache, distill() its reserved buffer
+    prompts = [[5, 6, 9], [1, 2, 3, 4, 5, 6, 8, 8], [9] * 5, [100, 120], [11, 12, 13]]
 
     def hf(p, eos):
         return model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.cache_utils import Cache, DynamicLayer
 
 from ..sampler import finite_logits
 
@@ -144,6 +145,56 @@ class NucleusSampler(LogitsProcessor):
         return torch.full_like(scores, float("-inf")).scatter_(1, tok[:, None], 0.0)
 
 
+class ReservedLayer(DynamicLayer):
+    """A DynamicLayer whose keys/values live in a buffer reserved for the whole generation.
+
+    HF's DynamicLayer concatenates every step, copying the whole cache: a
+    third of a small model's CPU decoding step at these batch sizes. Here a
+    step writes its new entries in place and hands attention a view of the
+    filled part. Only what `generate` does with greedy or sampled decoding
+    is supported (no crop, no beam reordering).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        shape = (*key_states.shape[:-2], self.capacity, key_states.shape[-1])  # [B, kv_heads, capacity, head_dim]
+        self._k = key_states.new_empty(shape)
+        self._v = value_states.new_empty((*shape[:-1], value_states.shape[-1]))
+        self._n = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, add = self._n, key_states.shape[-2]
+        assert n + add <= self.capacity, f"reserved KV buffer of {self.capacity} overflows at {n + add}"
+        self._k[..., n : n + add, :] = key_states
+        self._v[..., n : n + add, :] = value_states
+        self._n = n + add
+        self.keys, self.values = self._k[..., : self._n, :], self._v[..., : self._n, :]
+        return self.keys, self.values
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("ReservedLayer is for plain generation only")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("ReservedLayer is for plain generation only")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise NotImplementedError("ReservedLayer is for plain generation only")
+
+
+def reserved_cache(model, capacity: int):
+    """A cache of ReservedLayers for full-attention decoder models; None (HF's default cache) for anything else."""
+    types = getattr(model.config, "layer_types", None)
+    if types is not None and any(t != "full_attention" for t in types):
+        return None  # sliding windows and linear attention keep HF's own layers
+    return Cache(layers=[ReservedLayer(capacity) for _ in range(model.config.num_hidden_layers)])
+
+
 def eos_ids(model, tokenizer) -> list[int]:
     """Every id that ends a reply: the generation config's (chat models list end-of-turn there), else the tokenizer's."""
     eos = model.generation_config.eos_token_id
@@ -157,7 +208,6 @@ def pad_id(tokenizer, eos: list[int]) -> int:
     return pad if pad is not None else (eos[0] if eos else 0)
 
 
-@torch.no_grad()
 def generate_shard(model, prompts: list[list[int]], cfg: DistillConfig, greedy: bool, eos: list[int], pad: int,
                    generator: torch.Generator | None) -> Distilled:
     """One generate call over left-padded prompts; each row keeps its continuation up to and including EOS."""
@@ -173,7 +223,10 @@ def generate_shard(model, prompts: list[list[int]], cfg: DistillConfig, greedy: 
     procs = LogitsProcessorList()
     if not greedy:
         procs.append(NucleusSampler(cfg.temperature, cfg.top_p, generator))
-    out = model.generate(x.to(dev), attention_mask=mask.to(dev), generation_config=gc, logits_processor=procs)
+    cache = reserved_cache(model, L + cfg.gen_len)
+    with torch.inference_mode():
+        out = model.generate(x.to(dev), attention_mask=mask.to(dev), generation_config=gc, logits_processor=procs,
+                             **({"past_key_values": cache} if cache is not None else {}))
     new = out[:, L:].cpu()  # [B, <= gen_len]
     rows, prompt_lens = [], []
     for b, p in enumerate(prompts):
