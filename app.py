@@ -175,9 +175,8 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
                 tokens = gr.HTML("", label="tokens", elem_id="tokens", autoscroll=True, js_on_load=TOKENS_JS)
                 gr.HTML('<div class="sd-detail">Click or tap a token for its details.</div>', elem_id="token-detail")
                 round_style = gr.HTML("", elem_id="round-style")  # outlines the shown round's tokens
-                stats = gr.Markdown("", label="stats", elem_id="stats")
                 gr.HTML(legend_html(), elem_id="legend")
-                gr.Markdown(_model_line(loaded), elem_id="model-line")
+                stats = gr.Markdown("", label="stats", elem_id="stats")
                 with gr.Row(elem_id="round-controls"):
                     replay_btn = gr.Button("▶ replay", elem_id="replay-btn", size="sm", min_width=70)
                     prev_btn = gr.Button("◀ round", elem_id="prev-round-btn", size="sm", min_width=70)
@@ -224,6 +223,7 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
                                               info="typical is lossy: its output no longer follows the target "
                                                    "model", elem_id="acceptance")
                 gr.Examples([[p] for p in prompts], inputs=[prompt], cache_examples=False, label="Examples")
+                gr.Markdown(_model_line(loaded), elem_id="model-line")
         with gr.Row():
             len_plot = gr.Plot(plots.accepted_length_figure([]), label="Accepted length", elem_id="len-plot")
             depth_plot = gr.Plot(plots.depth_acceptance_figure([]), label="Acceptance per depth",

@@ -9,6 +9,7 @@ piece of user data lives in the `Session` passed in from `gr.State`.
 from __future__ import annotations
 
 import html
+import re
 import threading
 import time
 from dataclasses import replace
@@ -55,6 +56,11 @@ def _code(text: str) -> str:
     return "`" + repr(text).replace("`", "ˋ") + "`"
 
 
+def _md_escape(text: str) -> str:
+    """Plain text (token texts included) safe inside Markdown: `_` or `*` in a token is no emphasis."""
+    return re.sub(r"([\\`*_{}\[\]<>#+!|~])", r"\\\1", text)
+
+
 def round_markdown(ev: RoundEvent | None) -> str:
     """One round in plain words (the narration), then its technical line."""
     if ev is None:
@@ -71,7 +77,7 @@ def round_markdown(ev: RoundEvent | None) -> str:
         head += f", {looked_up} by prompt lookup, {accepted_by_lookup(ev)} of them accepted"
     toks = ", ".join(f"{_code(t.text)} {'first' if ev.index == 0 and t.kind == 'bonus' else t.kind}"
                      for t in ev.emitted)
-    return (f"**Round {ev.index}** · {narrate(ev)}  \n"
+    return (f"**Round {ev.index}** · {_md_escape(narrate(ev))}  \n"
             f"<small>{head} · rule {rule} · sampler {sampler} · emitted: {toks} · {times}"
             + (f" · finished: {ev.finished}" if ev.finished else "") + "</small>")
 

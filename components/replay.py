@@ -27,6 +27,11 @@ def _list(texts: list[str], limit: int = 6) -> str:
     return ", ".join(shown)
 
 
+def _p(p: float) -> str:
+    """A probability in a sentence: three decimals, and tiny ones said as such."""
+    return f"{p:.3f}" if p >= 0.001 else "< 0.001"
+
+
 def _rejected_before(ev: RoundEvent, i: int) -> list[int]:
     """Siblings of node i that the verifier tried and rejected before it (lookup first, then rank order)."""
     me = ev.nodes[i]
@@ -96,7 +101,7 @@ def narrate(ev: RoundEvent | None) -> str:
         tok = own[-1]
         if tok.kind == "correction":
             if rejected:
-                worst = ", ".join(f"{_q(n.text)} (target p = {n.target_prob:.2f})" if n.target_prob is not None
+                worst = ", ".join(f"{_q(n.text)} (target p = {_p(n.target_prob)})" if n.target_prob is not None
                                   else _q(n.text) for n in rejected[:3])
                 more = f" and {len(rejected) - 3} more" if len(rejected) > 3 else ""
                 tail = f"; it rejected {worst}{more}, so it sampled a correction {_q(tok.text)}"
@@ -107,6 +112,9 @@ def narrate(ev: RoundEvent | None) -> str:
     elif ev.finished:
         tail = " (the run ended inside this round)"
     second = f"{agreed}{tail}."
+    elsewhere = sum(1 for n in ev.nodes if n.status == "rejected" and n.parent != last)
+    if elsewhere:
+        second += f" On the way it turned down {elsewhere} other guess{'es' if elsewhere > 1 else ''}."
     got = accepted_drafts(ev)
     return f"{first} {second} One forward, {len(ev.emitted)} token{'s' if len(ev.emitted) != 1 else ''} ({got} drafted)."
 

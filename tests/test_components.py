@@ -434,6 +434,9 @@ def test_handler_sampler_view_and_compare(handlers):
 
 
 def test_round_markdown():
+    under = tree_event(2)
+    under = replace(under, nodes=(under.nodes[0], replace(under.nodes[1], text="_x*"), *under.nodes[2:]))
+    assert "'\\_x\\*'" in round_markdown(under)  # a token's `_` or `*` is no Markdown emphasis
     md = round_markdown(tree_event(2))
     assert "**Round 2**" in md and "6 drafts" in md and "correction" in md
     assert round_markdown(None) == ""
@@ -516,8 +519,8 @@ def test_narration_says_what_the_round_did_and_the_rule_per_node():
     ev = tree_event(3)
     text = narrate(ev)
     assert "The heads proposed 6 tokens in 2 branches." in text
-    assert "The target agreed with ' fib', '(n'; it rejected '):' (target p = 0.05), so it sampled a correction '↵'" \
-        in text
+    assert "The target agreed with ' fib', '(n'; it rejected '):' (target p = 0.050), so it sampled a correction '↵'. On the way it " \
+        "turned down 1 other guess." in text
     # Lossless: a draft is a point mass, so the first child tried is accepted with probability p(x) ...
     assert node_rule(ev, 1) == "accepted: accept with probability p(x) = 0.700 (the draft is a point mass: " \
                                "min(1, p/q), q = 1)"
