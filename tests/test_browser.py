@@ -223,6 +223,10 @@ def test_desktop_toasts_every_token_replay_and_the_race(url, browser):
     wait_text(page, "#compare-md", "Measured ratio", 120_000)
     page.wait_for_timeout(600)
     assert in_view(page, "#compare-md") and in_view(page, "#cmp-spec") and in_view(page, "#cmp-base")
+    for pane in ("#cmp-spec", "#cmp-base"):  # the race's panes scroll and wrap too: every token reachable
+        assert page.evaluate("""(sel) => { const box = document.querySelector(sel); box.scrollTop = box.scrollHeight;
+            const spans = [...box.querySelectorAll('.sd-tok')]; const r = spans[spans.length - 1].getBoundingClientRect();
+            const b = box.getBoundingClientRect(); return r.bottom <= b.bottom + 1 && r.right <= b.right + 1; }""", pane)
     md = page.locator("#compare-md").text_content()
     assert "Why speculation" in md and "target forwards" in md and "identical" in md
     shot(page, "app_race.png")
