@@ -87,10 +87,12 @@ orange corrections and blue bonus tokens came from the target. Click a token to 
 </ol></details>"""
 # Fold the panel on later visits, and from the start on a phone (output first).
 HOW_TO_READ_JS = """const d = element.querySelector('details');
-if (d) {
-  if (localStorage.getItem('specdec-how-to-read-seen') || window.innerWidth < 700) d.open = false;
+let seen = false;
+try {  // storage can be blocked (a sandboxed iframe): then the panel simply starts open
+  seen = !!localStorage.getItem('specdec-how-to-read-seen');
   localStorage.setItem('specdec-how-to-read-seen', '1');
-}"""
+} catch (e) {}
+if (d && (seen || window.innerWidth < 700)) d.open = false;"""
 # A click (or tap) on a token: show its details below the stream, and jump to its round.
 TOKENS_JS = """element.addEventListener('click', (e) => {
   const t = e.target.closest('[data-round]');

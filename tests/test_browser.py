@@ -282,5 +282,10 @@ def test_phone_layout(url, browser):
     page.evaluate("() => window.scrollTo(0, 0)")
     page.wait_for_timeout(300)
     shot(page, "app_phone.png")
+    # Compare on a phone: the race and its explained ratio come into view by themselves.
+    page.locator("#compare-btn").tap()
+    wait_text(page, "#compare-md", "Measured ratio", 120_000)
+    page.wait_for_timeout(800)
+    assert in_view(page, "#compare-md") and "Why speculation" in page.locator("#compare-md").text_content()
     assert not watch.bad, watch.bad
     page.close()
