@@ -40,7 +40,8 @@ def test_heads_command_trains_for_a_model_path(tiny_model_dir, tmp_path):
     metrics = json.loads((out / "heads_metrics.json").read_text())
     v = metrics["variants"]["heads"]
     assert metrics["steps"] == 3 and len(v["top1"]) == 3 and all(0 <= a <= 1 for a in v["top5"])
-    assert (out / "train.log").is_file()
+    assert (out / "train.log").is_file() and "distilled 8 train sequences" in (out / "train.log").read_text()
+    assert metrics["card"]["data"]["kind"] == "corpus" and (out / "heads" / "README.md").is_file()
     model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
     heads, tree = load_heads(out / "heads", model)
     assert heads.config.num_heads == 3 and tree is not None
@@ -63,6 +64,8 @@ def test_heads_command_trains_for_a_model_path(tiny_model_dir, tmp_path):
     assert choice["chosen_nodes"] == best["nodes"]
     _, tree = load_heads(out / "heads", model)
     assert [list(p) for p in tree] == best["paths"]
+    card = (out / "heads" / "README.md").read_text()  # the model card follows the new tree
+    assert f"{best['nodes']} nodes (root included), chosen by measured" in card and json.dumps(best["paths"]) in card
 
 
 def test_heads_command_rejects_a_missing_model_path(tmp_path):

@@ -132,11 +132,11 @@ class NucleusSampler(LogitsProcessor):
         cdf = p.cumsum(-1)  # [B, V]
         tok = p.argmax(-1)  # [B]
         todo = torch.arange(p.shape[0], device=p.device)
-        for _ in range(self.MAX_DRAWS):
+        for i in range(self.MAX_DRAWS):
+            pr, cr = (p, cdf) if i == 0 else (p[todo], cdf[todo])  # [b, V]: every row first, then the redraws
             u = torch.rand((len(todo), 1), generator=self.generator, device=p.device)
-            t = torch.searchsorted(cdf[todo], u * cdf[todo, -1:]).clamp_(max=p.shape[-1] - 1)  # [b, 1]
-            pt = p[todo].gather(1, t)  # [b, 1]
-            before = (p[todo] * (p[todo] > pt)).sum(-1)  # [b]: mass of the more likely tokens
+            t = torch.searchsorted(cr, u * cr[:, -1:]).clamp_(max=p.shape[-1] - 1)  # [b, 1]
+            before = torch.where(pr > pr.gather(1, t), pr, 0.0).sum(-1)  # [b]: mass of the more likely tokens
             ok = before < self.top_p
             tok[todo[ok]] = t[ok, 0]
             todo = todo[~ok]
