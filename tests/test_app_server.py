@@ -251,7 +251,8 @@ def test_api_inputs_have_types_and_describe_themselves(server):
 def test_round_view_during_a_run_never_errors_and_reaches_every_round_after_stop(server):
     url, _ = server
     c = client(url)
-    job = c.submit(prompt="def quicksort(arr):", max_new_tokens=400, **GREEDY, api_name="/generate")
+    plain = {**GREEDY, "speculative": False}  # one token a round: the run outlasts the checks below
+    job = c.submit(prompt="def quicksort(arr):", max_new_tokens=500, **plain, api_name="/generate")
     wait_for(job, lambda r: r["round"] >= 2)
     for typed in (5, 10_000, 2.0):  # past the slider's current maximum while streaming: clamped, not a 500
         _, info, event, _, _ = c.predict(typed, api_name="/round")
