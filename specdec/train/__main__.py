@@ -107,6 +107,7 @@ def main(argv=None) -> int:
     h.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for the greedy mean accepted length (0 = skip)")
     h.add_argument("--eval-tokens", type=int, default=64)
     h.add_argument("--seed", type=int, default=0)
+    h.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch default)")
 
     tr = sub.add_parser("tree", help="pick the tree for trained heads: best expected length per ms on this machine")
     tr.add_argument("--model", required=True)
@@ -166,7 +167,7 @@ def _check_heads_args(ap, a) -> None:
         ap.error("heads: give --prompts or --dataset, not both")
     for name, low in (("num_seqs", 1), ("valid_seqs", 0), ("prompt_len", 1), ("max_prompt_len", 1), ("gen_len", 1),
                       ("gen_batch", 0), ("batch_size", 1), ("max_steps", 0), ("eval_prompts", 0), ("eval_tokens", 1),
-                      ("num_heads", 1), ("num_layers", 0)):
+                      ("num_heads", 1), ("num_layers", 0), ("threads", 0)):
         value = getattr(a, name)
         if value is not None and value < low:
             ap.error(f"heads: --{name.replace('_', '-')} must be >= {low}, got {value}")
@@ -193,6 +194,8 @@ def _heads(ap, a, argv) -> int:
     if a.dtype is not None and dtype is None:
         ap.error(f"heads: --dtype must be bfloat16, float16 or float32, got {a.dtype!r}")
     dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    if a.threads:
+        torch.set_num_threads(a.threads)
     try:
         model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype)
         tok = AutoTokenizer.from_pretrained(a.model)
