@@ -9,7 +9,6 @@ piece of user data lives in the `Session` passed in from `gr.State`.
 from __future__ import annotations
 
 import html
-import re
 import threading
 import time
 from dataclasses import replace
@@ -26,7 +25,7 @@ from specdec.verifier import LOSSY_RULES
 
 from . import plots
 from .race import race_markdown
-from .replay import highlight_css, instructive_round, longest_accept, narrate, next_rejection
+from .replay import highlight_css, instructive_round, longest_accept, next_rejection, round_markdown
 from .serving import RequestMetrics, arrival_time
 from .session import Run, Session, Settings
 from .stats import accepted_by_lookup, stats_markdown, summarize
@@ -50,36 +49,6 @@ class Throttle:
 
 def prompt_html(prompt: str) -> str:
     return f'<span class="sd-prompt" title="prompt">{html.escape(prompt, quote=False)}</span>'
-
-
-def _code(text: str) -> str:
-    return "`" + repr(text).replace("`", "ˋ") + "`"
-
-
-def _md_escape(text: str) -> str:
-    """Plain text (token texts included) safe inside Markdown: `_` or `*` in a token is no emphasis."""
-    return re.sub(r"([\\`*_{}\[\]<>#+!|~])", r"\\\1", text)
-
-
-def round_markdown(ev: RoundEvent | None) -> str:
-    """One round in plain words (the narration), then its technical line."""
-    if ev is None:
-        return ""
-    p = ev.params
-    sampler = "greedy" if not p.get("temperature") else \
-        f"T={p['temperature']:g}, top-k {p['top_k'] or 'off'}, top-p {p['top_p']:g}, min-p {p['min_p']:g}"
-    rule = ev.acceptance + (" (LOSSY)" if ev.acceptance in LOSSY_RULES else "")
-    t = ev.timings
-    times = ", ".join(f"{k} {t[k]:.1f} ms" for k in ("draft", "forward", "verify", "total") if k in t)
-    head = "prefill" if ev.index == 0 else f"{len(ev.nodes) - 1 if ev.nodes else 0} drafts"
-    looked_up = sum(1 for n in ev.nodes if n.source == "lookup")
-    if looked_up:
-        head += f", {looked_up} by prompt lookup, {accepted_by_lookup(ev)} of them accepted"
-    toks = ", ".join(f"{_code(t.text)} {'first' if ev.index == 0 and t.kind == 'bonus' else t.kind}"
-                     for t in ev.emitted)
-    return (f"**Round {ev.index}** · {_md_escape(narrate(ev))}  \n"
-            f"<small>{head} · rule {rule} · sampler {sampler} · emitted: {toks} · {times}"
-            + (f" · finished: {ev.finished}" if ev.finished else "") + "</small>")
 
 
 class Handlers:

@@ -7,9 +7,12 @@ its status and its rank, so they explain *why* a draft was accepted or not.
 """
 from __future__ import annotations
 
-from specdec import RoundEvent
+import re
 
-from .stats import accepted_drafts
+from specdec import RoundEvent
+from specdec.verifier import LOSSY_RULES
+
+from .stats import accepted_by_lookup, accepted_drafts
 
 HIGHLIGHT_COLOR = "#6a1b9a"  # the current round's tokens: an outline in the ⚙ marker's purple
 
@@ -166,3 +169,33 @@ def highlight_css(index: int | None) -> str:
         return ""
     return (f'<style>#tokens .sd-tok[data-round="{int(index)}"]{{outline:2px solid {HIGHLIGHT_COLOR};'
             f"outline-offset:-1px}}</style>")
+
+
+def _code(text: str) -> str:
+    return "`" + repr(text).replace("`", "ˋ") + "`"
+
+
+def _md_escape(text: str) -> str:
+    """Plain text (token texts included) safe inside Markdown: `_` or `*` in a token is no emphasis."""
+    return re.sub(r"([\\`*_{}\[\]<>#+!|~])", r"\\\1", text)
+
+
+def round_markdown(ev: RoundEvent | None) -> str:
+    """One round in plain words (the narration), then its technical line."""
+    if ev is None:
+        return ""
+    p = ev.params
+    sampler = "greedy" if not p.get("temperature") else \
+        f"T={p['temperature']:g}, top-k {p['top_k'] or 'off'}, top-p {p['top_p']:g}, min-p {p['min_p']:g}"
+    rule = ev.acceptance + (" (LOSSY)" if ev.acceptance in LOSSY_RULES else "")
+    t = ev.timings
+    times = ", ".join(f"{k} {t[k]:.1f} ms" for k in ("draft", "forward", "verify", "total") if k in t)
+    head = "prefill" if ev.index == 0 else f"{len(ev.nodes) - 1 if ev.nodes else 0} drafts"
+    looked_up = sum(1 for n in ev.nodes if n.source == "lookup")
+    if looked_up:
+        head += f", {looked_up} by prompt lookup, {accepted_by_lookup(ev)} of them accepted"
+    toks = ", ".join(f"{_code(t.text)} {'first' if ev.index == 0 and t.kind == 'bonus' else t.kind}"
+                     for t in ev.emitted)
+    return (f"**Round {ev.index}** · {_md_escape(narrate(ev))}  \n"
+            f"<small>{head} · rule {rule} · sampler {sampler} · emitted: {toks} · {times}"
+            + (f" · finished: {ev.finished}" if ev.finished else "") + "</small>")
