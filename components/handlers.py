@@ -202,16 +202,19 @@ class Handlers:
             text_html, prev, ev = prompt_html(prompt), None, None
             try:
                 while True:
-                    new, _ = self._next(stream)  # `run.record` has already stored it
+                    try:
+                        new, _ = self._next(stream)  # `run.record` has already stored it
+                    except ValueError as e:  # a request the engine refuses once it starts
+                        raise gr.Error(str(e), title="Invalid input", print_exception=False) from None
                     if new is None:
                         break
                     ev = new
                     text_html += render_round(ev, prev)
                     prev = ev.params
                     if text_due():
-                        tree = tree_due()
-                        sampler = self._run_sampler(session, run, session.live) if tree else gr.skip()
-                        yield self._updates(run, ev, text_html, tree, charts_due(), sampler)
+                        draw = tree_due()  # the tree, and the sampler view at the newest token (one forward)
+                        sampler = self._run_sampler(session, run, session.live) if draw else gr.skip()
+                        yield self._updates(run, ev, text_html, draw, charts_due(), sampler)
             finally:
                 self._close(stream)
                 session.finish(run)
