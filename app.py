@@ -85,14 +85,22 @@ is a point mass, so this keeps the output exactly the target's law); at the firs
 <li><b>Colours.</b> Tree: green accepted, red rejected, grey not reached. Text: green tokens were drafted and accepted,
 orange corrections and blue bonus tokens came from the target. Click a token to see its round.</li>
 </ol></details>"""
-# Fold the panel on later visits, and from the start on a phone (output first).
+# Fold the panel on later visits, and from the start on a phone (output first), with the settings.
 HOW_TO_READ_JS = """const d = element.querySelector('details');
 let seen = false;
 try {  // storage can be blocked (a sandboxed iframe): then the panel simply starts open
   seen = !!localStorage.getItem('specdec-how-to-read-seen');
   localStorage.setItem('specdec-how-to-read-seen', '1');
 } catch (e) {}
-if (d && (seen || window.innerWidth < 700)) d.open = false;"""
+if (d && (seen || window.innerWidth < 700)) d.open = false;
+if (window.innerWidth < 700) {  // a phone: the settings start folded, below the output
+  let tries = 0;
+  const fold = setInterval(() => {
+    const open = document.querySelector('#settings > button.label-wrap.open');
+    if (open) open.click();
+    if (open || ++tries > 50) clearInterval(fold);
+  }, 100);
+}"""
 # A click (or tap) on a token: show its details below the stream, and jump to its round.
 TOKENS_JS = """element.addEventListener('click', (e) => {
   const t = e.target.closest('[data-round]');

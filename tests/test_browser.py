@@ -263,6 +263,10 @@ def test_phone_layout(url, browser):
     y = {sel: page.locator(sel).bounding_box()["y"] for sel in ("#prompt", "#generate-btn", "#tokens", "#settings")}
     assert y["#prompt"] < y["#generate-btn"] < y["#tokens"] < y["#settings"], y
     assert y["#tokens"] < 844, "the tokens must be on the first screen, next to the Generate button"
+    page.wait_for_function("() => !document.querySelector('#settings > button.label-wrap').classList.contains('open')")
+    assert not page.locator("#max-new").is_visible()  # folded on a phone ...
+    page.locator("#settings > button.label-wrap").tap()  # ... and a tap opens them
+    page.locator("#max-new").wait_for(state="visible")
     set_number(page, "max-new", 24)
     page.locator("#generate-btn").tap()
     wait_text(page, "#stats", "done:", 90_000)
