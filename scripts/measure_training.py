@@ -121,7 +121,7 @@ def chat(a) -> dict:
     cmd = [sys.executable, "-m", "specdec.train", "heads", "--model", str(model_dir), "--prompts", str(data),
            "--out", str(out), "--device", "cpu", "--gen-len", str(a.gen_len), "--batch-size", "8",
            "--max-seconds", str(a.train_seconds), "--eval-prompts", str(a.eval_prompts),
-           "--eval-tokens", str(a.eval_tokens)]
+           "--eval-tokens", str(a.eval_tokens), "--threads", str(a.threads)]
     print(" ".join(cmd), flush=True)
     t = time.perf_counter()
     subprocess.run(cmd, cwd=ROOT, check=True)
@@ -156,10 +156,10 @@ def main() -> None:
     c.add_argument("--work", required=True)
     c.add_argument("--chats", type=int, default=1100)
     c.add_argument("--gen-len", type=int, default=96)
-    c.add_argument("--train-seconds", type=float, default=240)
+    c.add_argument("--train-seconds", type=float, default=300)
     c.add_argument("--eval-prompts", type=int, default=16)
     c.add_argument("--eval-tokens", type=int, default=96)
-    c.add_argument("--threads", type=int, default=2)
+    c.add_argument("--threads", type=int, default=1, help="1: two threads stall each other on a busy shared CPU")
     a = ap.parse_args()
     result = throughput(a) if a.cmd == "throughput" else chat(a)
     print(json.dumps(result, indent=2))

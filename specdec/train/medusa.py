@@ -141,8 +141,9 @@ def train_heads(model, tokenizer, out_dir: str | Path, variants: dict[str, dict]
         step += 1
         bar.update(1)
         if step % 100 == 0:
-            bar.set_postfix(loss=f"{float(loss):.3f}")
-            log.info("heads step %d loss %.4f", step, float(loss))
+            value = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
+            bar.set_postfix(loss=f"{value:.3f}")
+            log.info("heads step %d loss %.4f", step, value)
     bar.close()
     train_s = time.perf_counter() - t_start
     metrics = {"distill_seconds": distill_s, "train_seconds": train_s, "steps": step,

@@ -1,0 +1,73 @@
+"""`pip install .` into a fresh venv, then the `specdec` console script from another directory."""
+from __future__ import annotations
+
+import os
+import site
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+import specdec.api
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(cmd, cwd, timeout=300):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(venv, a directory outside the checkout) after `pip install .` into a fresh venv.
+
+    The venv sees this environment's packages (torch, transformers, pip, setuptools) through a .pth file,
+    so the install downloads nothing; specdec itself goes into the venv's own site-packages, which comes
+    first on sys.path.
+    """
+    tmp = tmp_path_factory.mktemp("install")
+    venv = tmp / "venv"
+    r = _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp)
+    assert r.returncode == 0, r.stderr
+    py = venv / "bin" / "python"
+    purelib = _run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp)
+    outer = [sysconfig.get_paths()["purelib"], *site.getsitepackages()]
+    (Path(purelib.stdout.strip()) / "_outer_env.pth").write_text("\n".join(dict.fromkeys(outer)) + "\n")
+    r = _run([str(py), "-m", "pip", "install", "-q", "--no-build-isolation", str(ROOT)], tmp)
+    assert r.returncode == 0, r.stdout + r.stderr
+    elsewhere = tmp / "elsewhere"
+    elsewhere.mkdir()
+    return venv, elsewhere
+
+
+def test_pip_install_gives_the_package_its_assets_and_the_commands(installed):
+    venv, elsewhere = installed
+    py = str(venv / "bin" / "python")
+    where = _run([py, "-c", "import specdec, pathlib; p = pathlib.Path(specdec.__file__).parent; "
+                            "print(p); print((p / 'assets' / 'model' / 'model.safetensors').is_file())"], elsewhere)
+    assert str(venv) in where.stdout and where.stdout.split()[-1] == "True", where.stdout + where.stderr
+    r = _run([str(venv / "bin" / "specdec"), "--help"], elsewhere)
+    assert r.returncode == 0 and "generate" in r.stdout and "train" in r.stdout, r.stderr
+    r = _run([py, "-m", "specdec.train", "heads", "--help"], elsewhere)
+    assert r.returncode == 0 and "--prompts" in r.stdout, r.stderr
+    r = _run([str(venv / "bin" / "specdec"), "generate", "--model", str(ROOT / "assets" / "model"), "--heads",
+              str(ROOT / "assets" / "heads"), "--prompt", "def f(x):", "--max-new-tokens", "8"], elsewhere)
+    assert r.returncode == 0 and r.stdout.startswith("def f(x):"), r.stderr
+
+
+# The embedded default needs specdec/api.py to look inside the installed package first (the proposed
+# `_assets_dir`); until then `specdec generate` without --model cannot find it from another directory.
+@pytest.mark.xfail(not hasattr(specdec.api, "_assets_dir"), strict=True,
+                   reason="specdec/api.py looks for assets/ beside the package only; the wheel ships them in "
+                          "specdec/assets (pyproject.toml), and api.ASSETS must look there first")
+def test_installed_specdec_generate_uses_the_embedded_model_from_elsewhere(installed):
+    venv, elsewhere = installed
+    r = _run([str(venv / "bin" / "specdec"), "generate", "--prompt", "def f(x):", "--max-new-tokens", "8"],
+             elsewhere)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("def f(x):") and len(r.stdout) > len("def f(x):")
+    assert "mean accepted length" in r.stderr
