@@ -210,6 +210,9 @@ def test_heads_on_a_chat_jsonl_write_a_model_card(chat_model_dir, tmp_path):
     # retraining with other head settings reuses the distillation; a cut cache needs --resume
     assert train_main(args[:-6] + ["--num-heads", "3", "--eval-prompts", "0"]) == 0
     assert "shards loaded from" in (out / "train.log").read_text()
+    again = json.loads((out / "heads_metrics.json").read_text())
+    assert again["distill_tokens"] == 0 and "loaded from the cache" in (out / "heads" / "README.md").read_text()
+    assert metrics["distill_tokens"] > 0 and metrics["distill_tokens_per_second"] > 0
     next((out / "distill" / "train").glob("shard-*.npz")).unlink()
     with pytest.raises(SystemExit):
         train_main(args)

@@ -53,8 +53,8 @@ def render_card(metrics: dict, variant: str, heads_dir: Path) -> str:
         f"- {metrics['train_sequences']:,} training sequences ({metrics.get('train_generated_tokens', 0):,} "
         f"generated tokens, up to {metrics['gen_len']} per prompt; {data.get('records', '?')} records read), "
         f"{metrics['valid_sequences']:,} held-out prompts",
-        f"- distillation {metrics['distill_seconds']:.0f} s"
-        + (f" ({metrics['distill_tokens_per_second']:,.0f} tokens/s)" if metrics.get("distill_tokens_per_second") else "")
+        (f"- distillation {metrics['distill_seconds']:.0f} s ({metrics['distill_tokens_per_second']:,.0f} tokens/s)"
+         if metrics.get("distill_tokens") else f"- distillation loaded from the cache `{metrics.get('distill_cache')}`")
         + f", training {metrics['steps']:,} steps in {metrics['train_seconds']:.0f} s",
         "",
         "## Accuracy on held-out prompts",

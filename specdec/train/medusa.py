@@ -102,7 +102,7 @@ def train_heads(model, tokenizer, out_dir: str | Path, variants: dict[str, dict]
     train = distill(model, train_prompts, DistillConfig(gen_len, gen_batch, greedy_frac, seed=seed), cache / "train",
                     eos, pad, resume, desc="distill train")
     distill_s = time.perf_counter() - t0
-    distill_tokens = train.generated_tokens + valid.generated_tokens
+    distill_tokens = train.generated_now + valid.generated_now  # 0 when the cache had it all
     log.info("distilled %d train sequences (%d new tokens) and %d held-out in %.0f s", len(train),
              train.generated_tokens, len(valid), distill_s)
     name = getattr(model.config, "_name_or_path", None) or type(model).__name__
