@@ -182,6 +182,10 @@ def test_cache_is_reused_resumed_and_refused_for_other_settings(tmp_path, monkey
 
     with pytest.raises(ValueError, match="gen_len"):
         distill(model, prompts, DistillConfig(gen_len=7, batch=4), tmp_path / "c", eos=[], pad=0, resume=True)
+    with torch.no_grad():  # a fine-tune that leaves the embeddings alone is another model
+        model.model.layers[1].mlp.down_proj.weight[:, 0] += 1.0
+    with pytest.raises(ValueError, match="model_weights"):
+        distill(model, prompts, cfg, tmp_path / "c", eos=[], pad=0, resume=True)
 
 
 # -- the command, end to end -------------------------------------------------------

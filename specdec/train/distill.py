@@ -246,11 +246,14 @@ def fingerprint(model, prompts: list[list[int]], cfg: DistillConfig) -> dict:
     for p in prompts:
         h.update(np.asarray(p, dtype=np.int64).tobytes())
         h.update(b"|")
-    emb = model.get_input_embeddings().weight
-    w = hashlib.sha1(emb[:8].detach().float().cpu().numpy().tobytes()).hexdigest()[:16]
+    w = hashlib.sha1()
+    for name, prm in model.named_parameters():  # 64 evenly spaced values of every tensor: a fine-tune changes some
+        flat = prm.detach().reshape(-1)
+        w.update(name.encode() + flat[:: max(1, flat.numel() // 64)][:64].float().cpu().numpy().tobytes())
     c = hashlib.sha1(model.config.to_json_string(use_diff=False).encode()).hexdigest()[:16]
     d = {k: v for k, v in asdict(cfg).items() if k != "batch"}  # the batch only sets the shard size
-    return {"model_config": c, "model_weights": w, "prompts": h.hexdigest()[:16], "rows": len(prompts), **d}
+    return {"model_config": c, "model_weights": w.hexdigest()[:16], "dtype": str(next(model.parameters()).dtype),
+            "prompts": h.hexdigest()[:16], "rows": len(prompts), **d}
 
 
 def auto_batch(model, max_len: int, rows: int) -> int:
