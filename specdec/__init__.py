@@ -4,8 +4,10 @@ from .draft_tree import PRESETS, Tree, build_tree
 from .engine import Engine
 from .events import EmittedToken, RoundEvent, TreeNode
 from .heads import HeadsConfig, MedusaHeads
+from .request import GenerationRequest
 from .sampler import SamplingParams
 
 __all__ = ["load", "generate", "Loaded", "GenerationResult", "Engine", "SamplingParams", "RoundEvent",
-           "TreeNode", "EmittedToken", "MedusaHeads", "HeadsConfig", "Tree", "build_tree", "PRESETS"]
+           "TreeNode", "EmittedToken", "MedusaHeads", "HeadsConfig", "Tree", "build_tree", "PRESETS",
+           "GenerationRequest"]
 __version__ = "0.1.0"

@@ -147,9 +147,11 @@ def verify(tokens: list[int], tree: Tree, logits_at: Callable[[int], torch.Tenso
                 toks = [tokens[c] for c in kids]
                 # p's own total rides along in the same sync: a float32 law sums to 1 only to a
                 # few ulp, and the last token of the support must get r = 1, not 1 - 1e-7.
-                *px, total = torch.cat([p[torch.tensor(toks, device=p.device)].double(),
-                                        p.sum(dtype=torch.float64)[None]]).tolist()
-                us = torch.rand(len(kids), generator=generator, device=p.device).tolist()
+                # The uniforms ride in the same transfer: one host sync per visited node.
+                us = torch.rand(len(kids), generator=generator, device=p.device)  # [C]
+                host = torch.cat([p[torch.tensor(toks, device=p.device)].double(), p.sum(dtype=torch.float64)[None],
+                                  us.double()]).tolist()
+                px, total, us = host[: len(kids)], host[len(kids)], host[len(kids) + 1 :]
                 removed = 0.0
                 for c, x, pc, u in zip(kids, toks, px, us):
                     target_prob[c] = pc
