@@ -14,10 +14,18 @@ from .events import RoundEvent
 from .heads import MedusaHeads, random_heads
 from .heads_io import read_heads
 from .lookup import DEFAULT_LOOKUP
+from .request import GenerationRequest
 from .sampler import SamplingParams
 from .target import TargetModel
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+def _assets_dir() -> Path:
+    """The embedded model's folder: specdec/assets in an installed wheel, else assets/ of the checkout."""
+    here = Path(__file__).resolve().parent
+    installed = here / "assets"
+    return installed if (installed / "model").is_dir() else here.parent / "assets"
+
+
+ASSETS = _assets_dir()
 DEFAULT_MODEL = ASSETS / "model"
 DEFAULT_HEADS = ASSETS / "heads"
 
@@ -146,7 +154,7 @@ def encode(loaded: Loaded, prompt: str | None, prompt_ids=None, chat: bool = Fal
     if prompt_ids is not None:
         if chat:
             raise ValueError("`chat=True` wraps text: pass `prompt`, not `prompt_ids`")
-        return prompt_ids  # validated (and flattened from [1, T]) by Engine.check_prompt
+        return prompt_ids  # checked (and flattened from [1, T]) by GenerationRequest
     if prompt is None or not str(prompt).strip():
         raise ValueError("`prompt` is empty: give some text (or prompt_ids)")
     if loaded.tokenizer is None:
@@ -192,9 +200,9 @@ def generate(loaded: Loaded, prompt: str | None = None, prompt_ids=None, max_new
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     ids = encode(loaded, prompt, prompt_ids, chat)
     t0 = time.perf_counter()
-    rounds = list(loaded.engine.stream(ids, max_new_tokens, params, tree, speculative, acceptance,
-                                       eos_token_id, on_round, lookup=lookup, lookup_ngram=lookup_ngram,
-                                       lookup_mode=lookup_mode))
+    request = GenerationRequest(ids, max_new_tokens, params, tree, speculative, acceptance, eos_token_id, lookup,
+                                lookup_ngram, lookup_mode)
+    rounds = list(loaded.engine.stream(request, on_round=on_round))
     seconds = time.perf_counter() - t0
     token_ids = [t.token_id for r in rounds for t in r.emitted]
     text = loaded.tokenizer.decode(token_ids, skip_special_tokens=True) if loaded.tokenizer is not None else ""
