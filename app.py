@@ -42,9 +42,7 @@ def resolve_heads(heads: str | None) -> str | None:
     """A heads folder, 'random', None, or a Hugging Face repo id ("owner/name"), downloaded on first use."""
     if heads is None or heads == "random" or os.path.isdir(heads) or heads.count("/") != 1 or heads.startswith("."):
         return heads
-    from huggingface_hub import snapshot_download  # only needed on a Space pointing at hub heads
-
-    return snapshot_download(repo_id=heads)
+    return specdec.api.heads_folder(heads)  # the heads' own files only, never a bundled base model
 
 
 def examples() -> list[str]:

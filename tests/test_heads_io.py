@@ -22,7 +22,7 @@ from specdec.heads_io import detect_format, read_heads, write_heads
 H, V = 32, 128  # the tiny llama's hidden and vocabulary sizes
 
 
-def synthetic(num_heads: int, num_layers: int, bias: bool = True, seed: int = 0) -> dict:
+def synthetic(num_heads: int, num_layers: int, bias: bool = True, seed: int = 0, H: int = H, V: int = V) -> dict:
     """Random Medusa weights as plain tensors: W[h][l] [H, H], b[h][l] [H], P[h] [V, H]."""
     g = torch.Generator().manual_seed(seed)
     return {
