@@ -90,10 +90,11 @@ class _SlotLayer(CacheLayerMixin):
         assert end <= self.owner.capacity, f"KV buffer overflow: {end} slots > capacity {self.owner.capacity}"
         self.keys[:, :, start:end] = key_states  # a copy into place: no allocation, no cat
         self.values[:, :, start:end] = value_states
-        return self.keys, self.values
+        width = self.owner.width(end - start)
+        return self.keys[:, :, :width], self.values[:, :, :width]  # views: no copy
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.capacity, 0
+        return self.owner.width(query_length), 0
 
     def get_seq_length(self) -> int:
         return self.owner.length
@@ -111,10 +112,17 @@ class SlotCache(Cache):
     caller's `position_ids`, never from the slot, so a tree's nodes can sit at any slot.
     """
 
-    def __init__(self, num_layers: int, capacity: int) -> None:
+    def __init__(self, num_layers: int, capacity: int, fixed_shapes: bool = True) -> None:
         self.capacity = int(capacity)
         self.length = 0
+        # Attend over the whole buffer (shapes repeat: what CUDA graphs need), or only over the slots in
+        # use (less attention work where every op runs eagerly, as on a CPU).
+        self.fixed_shapes = fixed_shapes
         super().__init__(layers=[_SlotLayer(self) for _ in range(num_layers)])
+
+    def width(self, new_tokens: int) -> int:
+        """Key slots a forward of `new_tokens` attends over."""
+        return self.capacity if self.fixed_shapes else self.length + new_tokens
 
 
 def bucket(n: int, step: int = 64) -> int:
@@ -125,7 +133,8 @@ def bucket(n: int, step: int = 64) -> int:
 def new_cache(model, capacity: int | None = None) -> Cache:
     """An empty cache: a SlotCache of `capacity` slots, or (None) plain growing full-history layers."""
     if capacity is not None:
-        return SlotCache(model.config.get_text_config(decoder=True).num_hidden_layers, capacity)
+        cuda = next(model.parameters()).device.type == "cuda"
+        return SlotCache(model.config.get_text_config(decoder=True).num_hidden_layers, capacity, fixed_shapes=cuda)
     return DynamicCache()  # no config: no sliding layers, see above
 
 
@@ -143,7 +152,7 @@ def length(cache: Cache) -> int:
 
 def mask_width(cache: Cache, new_tokens: int) -> int:
     """Key slots a forward of `new_tokens` attends over: the whole buffer, or past + new."""
-    return cache.capacity if isinstance(cache, SlotCache) else length(cache) + new_tokens
+    return cache.width(new_tokens) if isinstance(cache, SlotCache) else length(cache) + new_tokens
 
 
 def advance(cache: Cache, new_tokens: int) -> None:

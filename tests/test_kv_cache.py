@@ -143,8 +143,9 @@ def test_attention_layout_reads_windows_and_refuses_recurrent_layers():
             kv_cache.attention_layout(cfg)
 
 
+@pytest.mark.parametrize("fixed_shapes", [True, False])  # the whole buffer (CUDA's choice) or the slots in use
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
-def test_slot_buffer_equals_a_fresh_prefill_after_any_commits(arch, models):
+def test_slot_buffer_equals_a_fresh_prefill_after_any_commits(arch, models, fixed_shapes):
     """Random trees, random accepted paths (non-contiguous too), until the buffer is exactly full:
     after every commit the committed slots equal a fresh prefill of the committed tokens, the next
     token's logits equal a cache-free forward, and nothing was ever reallocated."""
@@ -155,6 +156,7 @@ def test_slot_buffer_equals_a_fresh_prefill_after_any_commits(arch, models):
     committed = [5, 9, 2]
     capacity = 64
     cache = kv_cache.new_cache(model, capacity)
+    cache.fixed_shapes = fixed_shapes
     target.forward(torch.tensor(committed), cache)
     buffers = [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in cache.layers]
     from specdec.draft_tree import PRESETS
@@ -198,3 +200,20 @@ def test_slot_cache_snapshot_restore_keeps_capacity(llama):
     assert isinstance(back, kv_cache.SlotCache) and back.capacity == 128 and kv_cache.length(back) == 4
     h = target.forward(torch.tensor([7]), back)
     torch.testing.assert_close(target.logits(h[-1]), naive_logits(llama, [3, 4, 5, 6, 7]), atol=1e-5, rtol=0)
+
+
+def test_engine_with_fixed_shape_buffers_equals_hf(models, monkeypatch):
+    """The engine over a whole-buffer mask (what a CUDA graph replays) stays exactly greedy on the CPU."""
+    real = kv_cache.new_cache
+
+    def fixed(model, capacity=None):
+        cache = real(model, capacity)
+        if capacity is not None:
+            cache.fixed_shapes = True
+        return cache
+
+    monkeypatch.setattr(kv_cache, "new_cache", fixed)
+    for arch in ("llama", "gpt2"):
+        loaded, ref = oracle_loaded(models[arch], PROMPTS[1], 30, rank_of=lambda pos, k: (pos + k) % 3)
+        out = specdec.generate(loaded, prompt_ids=PROMPTS[1], max_new_tokens=30, eos_token_id=None, tree="default")
+        assert out.token_ids == ref[:30]
