@@ -2,8 +2,17 @@
 
 `python scripts/slot_width_ab.py`: 4 prompts x 96 tokens, 4 interleaved repeats, embedded model, 1 thread.
 """
-import time, torch, specdec
-from specdec import kv_cache
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+import specdec  # noqa: E402
+from specdec import kv_cache  # noqa: E402
+
 torch.set_num_threads(1)
 L = specdec.load(device="cpu")
 prompts = ["def fibonacci(n):", "class Stack:", "import json\ndef load_config(path):", "def quicksort(arr):"]
