@@ -151,6 +151,8 @@ class GenerationResult:
 
 def encode(loaded: Loaded, prompt: str | None, prompt_ids=None, chat: bool = False) -> list[int]:
     """Token ids for a prompt: raw text, or (chat=True) one user turn through the chat template."""
+    if not isinstance(chat, bool):
+        raise ValueError(f"`chat` must be True or False, got {chat!r}")
     if prompt_ids is not None:
         if chat:
             raise ValueError("`chat=True` wraps text: pass `prompt`, not `prompt_ids`")

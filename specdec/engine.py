@@ -123,7 +123,7 @@ class Engine:
         while True:
             params = plan.get_params() if index else plan.first
             clock = Stopwatch()
-            draft = self._draft(run, params) if index else None  # round 0 drafts the prompt: the prefill
+            draft = self._draft(run) if index else None  # round 0 drafts the prompt: the prefill
             clock.lap("draft")
             hidden = self._forward(run, draft)
             clock.lap("forward")
@@ -156,7 +156,7 @@ class Engine:
                     IncrementalDecoder(self.tokenizer), ngram, limit=target.max_length or 1 << 62)
 
     # -- the four steps -----------------------------------------------------------
-    def _draft(self, run: "_Run", params: SamplingParams) -> "Draft":
+    def _draft(self, run: "_Run") -> "Draft":
         """Step 1: the round's tree and tokens: heads, prompt lookup, or the root alone (a plain round)."""
         plan, req = run.plan, run.plan.request
         # The root (pending) goes at position `committed`; a depth-d node at committed + d.
@@ -193,7 +193,7 @@ class Engine:
         rule = run.plan.rule(params)
         rule = "lossless" if rule == "plain" else rule  # a one-node tree: every rule samples p at the root
         with torch.inference_mode():
-            if rule == "greedy" or params.greedy:
+            if params.greedy:  # the "greedy" rule, and plain decoding at temperature 0
                 if tree.num_nodes <= _BATCHED_VERIFY_MAX_CPU or hidden.device.type != "cpu":
                     # Every row in one product and two host syncs. On a CPU a big tree's rows
                     # cost real compute (64 rows: 2.1 ms against 1.6 ms for the few visited).

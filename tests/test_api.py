@@ -44,6 +44,8 @@ def test_chat_without_a_template_is_a_clear_error(embedded):
         specdec.generate(embedded, "hello", chat=True)
     with pytest.raises(ValueError, match="pass `prompt`, not `prompt_ids`"):
         encode(embedded, None, [1, 2, 3], chat=True)
+    with pytest.raises(ValueError, match="`chat` must be True or False, got 'yes'"):
+        specdec.generate(embedded, "hello", chat="yes")
 
 
 def test_cli_chat_flag(capsys):
