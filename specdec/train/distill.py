@@ -26,6 +26,7 @@ from tqdm import tqdm
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import Cache, DynamicLayer
 
+from ..engine import default_eos
 from ..sampler import finite_logits
 
 log = logging.getLogger("specdec.train")
@@ -197,11 +198,8 @@ def reserved_cache(model, capacity: int):
 
 
 def eos_ids(model, tokenizer) -> list[int]:
-    """Every id that ends a reply: the generation config's (chat models list end-of-turn there), else the tokenizer's."""
-    eos = model.generation_config.eos_token_id
-    if eos is None:
-        eos = getattr(tokenizer, "eos_token_id", None)
-    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    """Every id that ends a reply, as the engine stops on them (`specdec.engine.default_eos`)."""
+    return sorted(default_eos(tokenizer, model))
 
 
 def pad_id(tokenizer, eos: list[int]) -> int:
