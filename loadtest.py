@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlparse
+
+from specdec.stats import percentiles, throughput
 
 PROMPTS = [
     "def fibonacci(n):", "class Stack:", "import os\n\ndef list_files(path):", "def quicksort(items):",
@@ -39,14 +40,6 @@ class Result:
     e2e: float | None = None
     tokens: int = 0
     error: str = ""
-
-
-def _percentiles(xs: list[float]) -> dict:
-    if not xs:
-        return {"p50": None, "p90": None, "p99": None}
-    xs = sorted(xs)
-    pick = lambda q: xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]  # noqa: E731
-    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}
 
 
 def one_request(client, cid: int, args, rng: random.Random, disconnect: bool, prefix: str = "") -> Result:
@@ -112,11 +105,11 @@ def run(args) -> dict:
         "wall_seconds": wall,
         "completed": len(ok), "failed": sum(r.outcome == "failed" for r in results),
         "cancelled": sum(r.outcome == "cancelled" for r in results),
-        "requests_per_second": len(ok) / wall if wall else 0.0,
-        "tokens_per_second": sum(r.tokens for r in ok) / wall if wall else 0.0,
-        "ttft_s": _percentiles([r.ttft for r in ok if r.ttft is not None]),
-        "tpot_s": _percentiles([r.tpot for r in ok if r.tpot is not None]),
-        "e2e_s": _percentiles([r.e2e for r in ok if r.e2e is not None]),
+        "requests_per_second": throughput(len(ok), wall) or 0.0,
+        "tokens_per_second": throughput(sum(r.tokens for r in ok), wall) or 0.0,
+        "ttft_s": percentiles([r.ttft for r in ok if r.ttft is not None]),
+        "tpot_s": percentiles([r.tpot for r in ok if r.tpot is not None]),
+        "e2e_s": percentiles([r.e2e for r in ok if r.e2e is not None]),
         "errors": [r.error for r in results if r.outcome == "failed"][:5],
         "results": [asdict(r) for r in results],
     }

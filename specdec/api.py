@@ -16,6 +16,7 @@ from .heads_io import read_heads
 from .lookup import DEFAULT_LOOKUP
 from .request import GenerationRequest
 from .sampler import SamplingParams
+from .stats import summarize
 from .target import TargetModel
 
 def _assets_dir() -> Path:
@@ -172,18 +173,14 @@ def encode(loaded: Loaded, prompt: str | None, prompt_ids=None, chat: bool = Fal
     return loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
 
-def summarize(rounds: list[RoundEvent], seconds: float) -> dict:
-    """Stats over a finished stream. Mean accepted length counts decoding rounds only (not the prefill)."""
-    new = sum(len(r.emitted) for r in rounds)
-    decode = [r for r in rounds if r.index > 0]
-    return {
-        "new_tokens": new,
-        "target_forwards": len(rounds),
-        "mean_accepted_length": (sum(len(r.emitted) for r in decode) / len(decode)) if decode else float(new),
-        "tokens_per_second": new / seconds if seconds > 0 else 0.0,
-        "seconds": seconds,
-        "finished": rounds[-1].finished if rounds else None,
-    }
+def result_stats(rounds: list[RoundEvent], seconds: float) -> dict:
+    """The documented `GenerationResult.stats` (see specdec.stats for the definitions); tokens/s on the wall clock."""
+    s = summarize(rounds, wall_seconds=seconds)
+    mal = s["mean_accepted_length"]
+    return {"new_tokens": s["new_tokens"], "target_forwards": s["target_forwards"],
+            # a run that ended in its prefill made its tokens with that one forward
+            "mean_accepted_length": float(s["new_tokens"]) if mal is None else mal,
+            "tokens_per_second": s["wall_tokens_per_second"] or 0.0, "seconds": seconds, "finished": s["finished"]}
 
 
 def generate(loaded: Loaded, prompt: str | None = None, prompt_ids=None, max_new_tokens: int = 64,
@@ -208,4 +205,4 @@ def generate(loaded: Loaded, prompt: str | None = None, prompt_ids=None, max_new
     seconds = time.perf_counter() - t0
     token_ids = [t.token_id for r in rounds for t in r.emitted]
     text = loaded.tokenizer.decode(token_ids, skip_special_tokens=True) if loaded.tokenizer is not None else ""
-    return GenerationResult(token_ids, text, rounds, summarize(rounds, seconds))
+    return GenerationResult(token_ids, text, rounds, result_stats(rounds, seconds))

@@ -16,6 +16,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .events import RoundEvent
+from .stats import round_depths
 
 _LEN_BUCKETS = (1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 8)
 _MS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -59,17 +60,17 @@ class Metrics:
         self.accepted_length.observe(len(ev.emitted))
         for t in ev.emitted:
             self.emitted.labels(kind=t.kind).inc()
-        if ev.nodes:
+        depth, accepted = round_depths(ev)  # the definitions of specdec.stats
+        if depth:
             self.draft_tokens.inc(len(ev.nodes) - 1)
-            accepted = len(ev.accepted_path) - 1
             self.accepted_tokens.inc(accepted)
-            depth_max = max(n.depth for n in ev.nodes)
-            for d in range(1, depth_max + 1):
+            for d in range(1, depth + 1):
                 self.rounds_per_depth.labels(depth=str(d)).inc()
-            for node in ev.accepted_path[1:]:
-                self.accepted_per_depth.labels(depth=str(ev.nodes[node].depth)).inc()
+            for d in range(1, accepted + 1):  # the accepted path holds one node per depth
+                self.accepted_per_depth.labels(depth=str(d)).inc()
 
-    def observe_cache(self, cache) -> None:
+    def observe_cache(self, cache: dict | None) -> None:
+        """The prefix cache's state, as `Engine.info()["prefix_cache"]` gives it (None: no cache)."""
         if cache is not None:
-            self.cache_bytes.set(cache.bytes)
-            self.cache_hit_ratio.set(cache.hit_ratio)
+            self.cache_bytes.set(cache["bytes"])
+            self.cache_hit_ratio.set(cache["hit_ratio"])
