@@ -11,6 +11,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import bench  # noqa: E402
 
+pytestmark = pytest.mark.bench  # deselected by the quick loop (-m "not slow"); CI runs it
+
 METHOD_KEYS = {"id", "label", "backend", "sampling", "tree", "tree_nodes", "tok_s_median", "tok_s_runs",
                "new_tokens", "mean_accepted_length", "acceptance_per_depth", "acceptance_per_depth_conditional",
                "ms_per_token_p50", "ms_per_token_p99", "ttft_ms_median", "peak_mem_mb", "speedup_vs_hf_greedy",
@@ -101,7 +103,7 @@ def test_oracle_accepts_known_fraction(tiny):
 
 def test_bad_inputs():
     with pytest.raises(ValueError, match="unknown method"):
-        bench.select_methods(tiny_config(methods=("nope",)), None, None)
+        bench.select_methods(("nope",), has_heads=True, has_trained_tree=False)
     with pytest.raises(ValueError, match="accuracy"):
         bench.OracleHeads(bench.random_model("tiny", "cpu", torch.float32, vocab_size=64), accuracy=1.5)
 

@@ -1,0 +1,90 @@
+"""The methods a benchmark can run, as data: each one a name and its settings, nothing else.
+
+An engine method is the settings of one `GenerationRequest` (tree preset or policy, prompt
+lookup, acceptance rule); an HF method is one `model.generate` configuration. A new tree policy
+is one more row of `METHODS`, with its `tree` set to the policy's name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Method:
+    id: str
+    label: str
+    backend: str  # "hf" or "engine"
+    sampling: bool  # False: greedy
+    tree: str | None = None  # engine: GenerationRequest.tree (a preset or policy name); None: speculative=False
+    prompt_lookup: bool = False  # hf: assisted generation with the n-gram drafter
+    lookup: bool = False  # engine: draft with prompt lookup (`--lookup` tokens, as HF's prompt lookup gets)
+    lookup_mode: str = "first"
+    acceptance: str = "auto"  # engine: GenerationRequest.acceptance
+
+    @property
+    def needs_heads(self) -> bool:
+        return self.backend == "engine" and self.tree not in (None, "none")
+
+
+METHODS = (
+    Method("hf_greedy", "HF generate greedy", "hf", False),
+    Method("hf_sample", "HF generate sampling", "hf", True),
+    Method("hf_prompt_lookup", "HF prompt lookup (greedy)", "hf", False, prompt_lookup=True),
+    Method("plain_greedy", "specdec speculative=False greedy", "engine", False),
+    Method("plain_sample", "specdec speculative=False sampling", "engine", True),
+    Method("chain_greedy", "specdec chain greedy", "engine", False, "chain"),
+    Method("small_greedy", "specdec small tree greedy", "engine", False, "small"),
+    Method("default_greedy", "specdec default tree greedy", "engine", False, "default"),
+    Method("trained_greedy", "specdec trained tree (auto) greedy", "engine", False, "trained"),
+    Method("default_sample", "specdec default tree lossless sampling", "engine", True, "default"),
+    Method("trained_sample", "specdec trained tree (auto) lossless sampling", "engine", True, "trained"),
+    Method("lookup_greedy", "specdec prompt lookup alone (no heads), greedy", "engine", False, "none", lookup=True),
+    Method("merge_greedy", "specdec heads' tree with the lookup chain merged in, greedy", "engine", False, "auto",
+           lookup=True, lookup_mode="merge"),
+    Method("hybrid_greedy", "specdec default: lookup first, else the heads' tree; greedy", "engine", False, "auto",
+           lookup=True),
+    Method("hybrid_sample", "specdec default: lookup first, else the heads' tree; lossless sampling", "engine", True,
+           "auto", lookup=True),
+)
+BY_ID = {m.id: m for m in METHODS}
+assert len(BY_ID) == len(METHODS), "method ids must be unique"
+
+# Issue 5's targets: (name, numerator method, denominator method, minimum ratio).
+# The first four measure specdec's default drafting (what `specdec.generate` does with no
+# arguments); the last four the heads alone on the 64-node default tree preset.
+TARGETS = (
+    ("specdec default greedy / HF greedy generate", "hybrid_greedy", "hf_greedy", 2.0),
+    ("specdec default greedy / own speculative=False", "hybrid_greedy", "plain_greedy", 1.8),
+    ("specdec default greedy / HF prompt lookup", "hybrid_greedy", "hf_prompt_lookup", 1.3),
+    ("specdec default lossless sampling / HF sampling", "hybrid_sample", "hf_sample", 1.5),
+    ("heads only, default tree greedy / HF greedy generate", "default_greedy", "hf_greedy", 2.0),
+    ("heads only, default tree greedy / own speculative=False", "default_greedy", "plain_greedy", 1.8),
+    ("heads only, default tree greedy / HF prompt lookup", "default_greedy", "hf_prompt_lookup", 1.3),
+    ("heads only, default tree lossless sampling / HF sampling", "default_sample", "hf_sample", 1.5),
+)
+
+
+def select_methods(wanted: tuple[str, ...] | None, has_heads: bool, has_trained_tree: bool,
+                   oracle: bool = False) -> list[Method]:
+    """The methods to run, in registry order: `wanted` (None: all) less those this model cannot run.
+
+    hf_greedy always runs: every speedup is relative to it.
+    """
+    if wanted is not None:
+        unknown = set(wanted) - set(BY_ID)
+        if unknown:
+            raise ValueError(f"unknown method(s) {sorted(unknown)}; choose from {list(BY_ID)}")
+    out = []
+    for m in METHODS:
+        if wanted is not None and m.id not in wanted:
+            continue
+        if m.needs_heads and not has_heads:
+            continue
+        if m.tree == "trained" and not has_trained_tree:
+            continue  # "auto" is then the default tree, already measured
+        if oracle and m.backend == "engine" and m.sampling:
+            continue  # the oracle knows the greedy continuation only
+        out.append(m)
+    if not any(m.id == "hf_greedy" for m in out):
+        out.insert(0, BY_ID["hf_greedy"])
+    return out

@@ -1,0 +1,118 @@
+"""The benchmark loop: every method on every prompt, interleaved, then one row per method."""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+import specdec
+from specdec.api import DEFAULT_MODEL
+
+from .config import BenchConfig
+from .memory import peak_memory_mb
+from .methods import BY_ID, TARGETS, Method, select_methods
+from .models import load_target
+from .oracle import OracleHeads
+from .rows import machine_meta, method_row
+from .runners import Run, engine_request, run_method
+
+
+def benchmark(cfg: BenchConfig, loaded: specdec.Loaded | None = None, oracle: OracleHeads | None = None,
+              log=print, checkpoint=None) -> dict:
+    """Run every method on every prompt; return the results as plain values (the JSON report).
+
+    `checkpoint(result)`, if given, receives a partial result after every repeat (medians over the
+    repeats so far, no memory figures, meta["partial"] set), so a run cut short by a time limit,
+    as on a lent GPU, still leaves numbers behind.
+    """
+    started = time.perf_counter()
+    cfg.check()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    if loaded is None:
+        loaded, oracle = load_target(cfg)
+    tok = loaded.tokenizer
+    if tok is None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(DEFAULT_MODEL))  # to encode prompts for models without one
+    V = loaded.model.config.vocab_size
+    prompts = [[i for i in tok(p, add_special_tokens=False)["input_ids"] if i < V] for p in cfg.prompts]
+    methods = select_methods(cfg.methods, loaded.heads is not None, bool(loaded.tree_paths), oracle is not None)
+    for m in methods:  # every request is checked before the first timed run, not in the middle of one
+        if m.backend == "engine":
+            loaded.engine.stream(engine_request(m, cfg, prompts[0], cfg.seed, cfg.max_new_tokens)).close()
+    N = cfg.max_new_tokens
+
+    # The oracle needs the greedy continuation (plus room for the deepest head) before any engine run.
+    conts: list[list[int] | None] = [None] * len(prompts)
+    if oracle is not None:
+        K = oracle.config.num_heads
+        conts = [run_method(loaded, ids, BY_ID["hf_greedy"], cfg, 0, N + K + 1).token_ids for ids in prompts]
+
+    log(f"bench: {len(methods)} methods x {len(prompts)} prompts x {cfg.repeats} repeats, "
+        f"{N} new tokens, {loaded.name} on {cfg.device}/{loaded.model.dtype}, threads={torch.get_num_threads()}")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if loaded.device.type == "cpu" and load > 0.5:
+        log(f"  note: load average {load:.1f} before the run: other work shares this CPU, so timings are noisy"
+            + (" (with several torch threads, a busy CPU slows every op a lot: try --threads 1)"
+               if torch.get_num_threads() > 1 and load > 1.0 else ""))
+    for _ in range(cfg.warmup):
+        for m in methods:
+            run_method(loaded, prompts[0], m, cfg, cfg.seed, N, oracle, conts[0], 0)
+    runs: dict[str, list[list[Run]]] = {m.id: [[] for _ in range(cfg.repeats)] for m in methods}
+    for rep in range(cfg.repeats):
+        t_rep = time.perf_counter()
+        for pi, ids in enumerate(prompts):
+            shift = (rep * len(prompts) + pi) % len(methods)
+            for m in methods[shift:] + methods[:shift]:
+                seed = cfg.seed + 1000 * rep + pi
+                runs[m.id][rep].append(run_method(loaded, ids, m, cfg, seed, N, oracle, conts[pi], pi))
+        log(f"  repeat {rep + 1}/{cfg.repeats}: {time.perf_counter() - t_rep:.1f}s")
+        if checkpoint is not None and rep + 1 < cfg.repeats:
+            done = {k: v[: rep + 1] for k, v in runs.items()}
+            partial = assemble(cfg, loaded, oracle, methods, done, {m.id: (None, "") for m in methods}, tok,
+                               len(prompts), started)
+            partial["meta"]["partial"] = f"{rep + 1} of {cfg.repeats} repeats"
+            checkpoint(partial)
+    memory = {}  # last: the CPU measurement changes malloc settings (see peak_memory_mb)
+    for m in methods:
+        memory[m.id] = peak_memory_mb(lambda: run_method(loaded, prompts[0], m, cfg, cfg.seed, N, oracle, conts[0], 0),
+                                      loaded.device)
+
+    return assemble(cfg, loaded, oracle, methods, runs, memory, tok, len(prompts), started)
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def assemble(cfg: BenchConfig, loaded, oracle, methods: list[Method], runs, memory, tok, n_prompts: int,
+             started: float) -> dict:
+    """Per-method rows, speedups and the issue's targets from the timed runs."""
+    ref = [r.token_ids for r in runs["hf_greedy"][0]]
+    trees = loaded.engine.info()["trees"]
+    rows = [method_row(m, runs[m.id], ref, tok if loaded.tokenizer is not None else None, memory[m.id][0],
+                       _tree_nodes(loaded, trees, m.tree), cfg.lookup) for m in methods]
+    base = {r["id"]: r for r in rows}
+    for r in rows:
+        r["speedup_vs_hf_greedy"] = _ratio(r["tok_s_median"], base["hf_greedy"]["tok_s_median"])
+        r["speedup_vs_plain"] = _ratio(r["tok_s_median"], base.get("plain_" + ("sample" if r["sampling"] else "greedy"),
+                                                                  {}).get("tok_s_median"))
+        tau = r["mean_accepted_length"]
+        r["efficiency"] = _ratio(r["speedup_vs_hf_greedy"], tau) if r["backend"] == "engine" and r["tree"] else None
+    targets = [{"name": name, "ratio": _ratio(base[a]["tok_s_median"], base[b]["tok_s_median"]), "target": t,
+                "met": (base[a]["tok_s_median"] / base[b]["tok_s_median"] >= t)}
+               for name, a, b, t in TARGETS if a in base and b in base]
+    return {"meta": machine_meta(cfg, loaded, oracle, memory, n_prompts, time.perf_counter() - started),
+            "methods": rows, "targets": targets}
+
+
+def _tree_nodes(loaded, trees: dict[str, int], tree: str | None) -> int | None:
+    """Nodes of a method's static tree, root included (None: plain decoding, or a policy without a fixed size)."""
+    if tree is None:
+        return None
+    if tree == "none":
+        return 1
+    return trees.get(tree)
