@@ -4,7 +4,7 @@ Only wiring lives here: load the model once (with a prefix KV cache), lay
 out the controls, and connect events to `components.Handlers`. Runs and
 races go through one queue (`concurrency_id="model"`); the sampler view,
 the round views and Stop never wait in it (the sampler view's forward
-takes the handlers' model lock between two rounds). The same server answers `/metrics`
+takes the model gate's lock between two rounds). The same server answers `/metrics`
 (Prometheus text format) for the app's one `Metrics`.
 """
 from __future__ import annotations
@@ -19,10 +19,8 @@ import gradio as gr
 import torch
 
 import specdec
-from components import Handlers, Session, Settings, legend_html, plots, serving
-from components.handlers import COMPARE_HINT
-from components.session import (ACCEPTANCE_CHOICES, LOOKUP_MAX, LOOKUP_MODE_CHOICES, MAX_NEW_TOKENS_MAX, SEED_MAX,
-                                TEMPERATURE_MAX, TOP_K_MAX)
+from components import Handlers, Session, Settings, layout, plots, serving
+from components.texts import API, SCROLL_TO_RACE_JS
 from specdec.metrics import Metrics
 from specdec.prefix_cache import PrefixCache
 
@@ -38,13 +36,6 @@ def gpu(fn: Callable) -> Callable:
     return spaces.GPU(duration=120)(fn)
 
 
-def resolve_heads(heads: str | None) -> str | None:
-    """A heads folder, 'random', None, or a Hugging Face repo id ("owner/name"), downloaded on first use."""
-    if heads is None or heads == "random" or os.path.isdir(heads) or heads.count("/") != 1 or heads.startswith("."):
-        return heads
-    return specdec.api.heads_folder(heads)  # the heads' own files only, never a bundled base model
-
-
 def examples() -> list[str]:
     return json.loads((STATIC / "examples.json").read_text())
 
@@ -56,78 +47,6 @@ def launch_kwargs(metrics: Metrics | None = None) -> dict:
     if metrics is not None:
         kwargs["app_kwargs"] = serving.app_kwargs(metrics)
     return kwargs
-
-
-def _model_line(loaded: specdec.Loaded) -> str:
-    model = loaded.model
-    params = sum(p.numel() for p in model.parameters()) / 1e6
-    dtype = str(next(model.parameters()).dtype).replace("torch.", "")
-    heads = f"{loaded.heads.config.num_heads} Medusa heads" if loaded.heads is not None else "no draft heads"
-    name = loaded.name or type(model).__name__
-    cache = loaded.engine.prefix_cache
-    cache = f" · prefix cache {cache.max_bytes / 2**20:.0f} MiB" if cache is not None else ""
-    return f"model **{name}** ({params:.1f}M params, {dtype}, {loaded.device}) · {heads}{cache}"
-
-
-HOW_TO_READ = """<details id="how-to-read" open><summary><b>How to read this</b> (five lines)</summary>
-<ol class="sd-howto">
-<li><b>The idea.</b> A big model writes one token per forward pass. Speculative decoding lets cheap drafters guess
-several tokens ahead, then checks every guess in <i>one</i> forward of the big (target) model.</li>
-<li><b>Drafters.</b> Medusa <b>heads</b> are small layers on the target's last hidden state: head <i>k</i> guesses
-the token <i>k</i>+1 places ahead. <b>Prompt lookup</b> copies what followed the same words earlier in the text.</li>
-<li><b>The tree.</b> The guesses form a tree (columns = how far ahead); tree attention lets one target forward score
-every node at once.</li>
-<li><b>Verification.</b> From the root, the target accepts a guess <i>x</i> with probability p(<i>x</i>) (the guess
-is a point mass, so this keeps the output exactly the target's law); at the first rejection it samples a
-<b>correction</b>, after a fully accepted path it adds a <b>bonus</b> token.</li>
-<li><b>Colours.</b> Tree: green accepted, red rejected, grey not reached. Text: green tokens were drafted and accepted,
-orange corrections and blue bonus tokens came from the target. Click a token to see its round.</li>
-</ol></details>"""
-# Fold the panel on later visits, and from the start on a phone (output first), with the settings.
-HOW_TO_READ_JS = """const d = element.querySelector('details');
-let seen = false;
-try {  // storage can be blocked (a sandboxed iframe): then the panel simply starts open
-  seen = !!localStorage.getItem('specdec-how-to-read-seen');
-  localStorage.setItem('specdec-how-to-read-seen', '1');
-} catch (e) {}
-if (d && (seen || window.innerWidth < 700)) d.open = false;
-if (window.innerWidth < 700) {  // a phone: the settings start folded, below the output
-  let tries = 0;
-  const fold = setInterval(() => {
-    const open = document.querySelector('#settings > button.label-wrap.open');
-    if (open) open.click();
-    if (open || ++tries > 50) clearInterval(fold);
-  }, 100);
-}"""
-# A click (or tap) on a token: show its details below the stream, and jump to its round.
-TOKENS_JS = """element.addEventListener('click', (e) => {
-  const t = e.target.closest('[data-round]');
-  if (!t) return;
-  const box = document.querySelector('#token-detail .sd-detail');
-  if (box) box.textContent = (t.classList.contains('sd-tok') ? '“' + t.textContent + '” · ' : '') + (t.title || '');
-  trigger('select', {index: Number(t.dataset.round), value: t.title || ''});
-});"""
-SCROLL_TO_RACE_JS = """(...args) => {
-  setTimeout(() => document.getElementById('compare-box')?.scrollIntoView({block: 'start', behavior: 'smooth'}), 150);
-  return args;
-}"""
-
-API = {
-    "generate": "Generate text with speculative decoding and stream one update per round. Inputs: prompt (text); "
-                "temperature 0-2 (0 = greedy); top_k 0-200 (0 = off); top_p (0, 1] (1 = off); min_p 0-1 (0 = off); "
-                "max_new_tokens 1-512; seed (-1 = random); tree (a draft tree name); acceptance 'lossless', "
-                "'greedy' or 'typical' (lossy); speculative (false = plain decoding); lookup 0-64 prompt-lookup "
-                "tokens per round; lookup_mode 'first' or 'merge'; chat (wrap the prompt with the model's chat "
-                "template). The last output is a JSON record of the round.",
-    "compare": "Race speculative against plain decoding on the same prompt, settings and seed. Same inputs as "
-               "/generate, less `speculative`. Returns the race table with the measured ratio and its "
-               "explanation, then both texts as HTML.",
-    "stop": "Stop this client's running generation or race within one round.",
-    "set_sampling": "Retune temperature, top_k, top_p and min_p live (a running generation applies them from its "
-                    "next round) and return the sampler view at the current position.",
-    "round": "Show round `round` of the last run: its draft tree, narration and full event (clamped to the run).",
-    "clear": "Forget the last run and clear the outputs.",
-}
 
 
 def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_size: int = 16,
@@ -154,11 +73,7 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
     prompts = examples()
     with gr.Blocks(title="specdec: speculative decoding, visible") as demo:
         session = gr.State(Session(live=d), delete_callback=lambda s: s.clear())
-        gr.Markdown("# specdec: speculative decoding, round by round\n"
-                    "Cheap drafters guess several tokens; one forward of the model checks them all, and the text "
-                    "stays exactly the model's. Watch each round's guesses, which ones were kept, and why.",
-                    elem_id="title")
-        gr.HTML(HOW_TO_READ, elem_id="how-to-read-box", js_on_load=HOW_TO_READ_JS)
+        layout.header()
         # Output first: on a phone the columns stack, and the prompt, buttons and tokens come before settings.
         with gr.Row(elem_id="main-row"):
             with gr.Column(scale=3, min_width=360, elem_id="output-col"):
@@ -171,82 +86,27 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
                 chat = gr.Checkbox(h.has_chat_template, interactive=h.has_chat_template, elem_id="chat",
                                    label="chat: wrap the prompt as a user turn (the model's chat template)"
                                    if h.has_chat_template else "chat (this model has no chat template)")
-                with gr.Group(elem_id="compare-box"):
-                    cmp_md = gr.Markdown(COMPARE_HINT, label="comparison", elem_id="compare-md")
-                    with gr.Row(visible=False, elem_id="race") as race_row:
-                        with gr.Column(min_width=160):
-                            gr.Markdown("**speculative**", elem_classes=["sd-lane"])
-                            cmp_spec = gr.HTML("", label="speculative", elem_id="cmp-spec")
-                        with gr.Column(min_width=160):
-                            gr.Markdown("**plain decoding** (baseline)", elem_classes=["sd-lane"])
-                            cmp_base = gr.HTML("", label="baseline", elem_id="cmp-base")
-                tokens = gr.HTML("", label="tokens", elem_id="tokens", autoscroll=True, js_on_load=TOKENS_JS)
-                gr.HTML('<div class="sd-detail">Click or tap a token for its details.</div>', elem_id="token-detail")
-                round_style = gr.HTML("", elem_id="round-style")  # outlines the shown round's tokens
-                gr.HTML(legend_html(), elem_id="legend")
+                race = layout.compare_box()
+                tokens, round_style = layout.token_panel()
                 stats = gr.Markdown("", label="stats", elem_id="stats")
-                with gr.Row(elem_id="round-controls"):
-                    replay_btn = gr.Button("▶ replay", elem_id="replay-btn", size="sm", min_width=70)
-                    prev_btn = gr.Button("◀ round", elem_id="prev-round-btn", size="sm", min_width=70)
-                    next_btn = gr.Button("round ▶", elem_id="next-round-btn", size="sm", min_width=70)
-                    reject_btn = gr.Button("next rejection", elem_id="next-rejection-btn", size="sm", min_width=90)
-                    longest_btn = gr.Button("longest accept", elem_id="longest-accept-btn", size="sm",
-                                            min_width=90)
-                round_slider = gr.Slider(0, 1, 0, step=1, precision=0, label="round",
-                                         info="every round of the last run, also after Stop",
-                                         elem_id="round-slider")
-                round_info = gr.Markdown("", label="round info", elem_id="round-info")
+                rounds = layout.round_controls()
                 tree_plot = gr.Plot(plots.tree_figure(None), label="Draft tree of the round", elem_id="tree-plot")
             with gr.Column(scale=2, min_width=320, elem_id="side-col"):
                 sampler_plot = gr.Plot(label="Sampler view", elem_id="sampler-plot")
-                with gr.Accordion("Settings", open=True, elem_id="settings"):
-                    with gr.Group():
-                        temperature = gr.Slider(0, TEMPERATURE_MAX, d.temperature, step=0.05, label="temperature",
-                                                info="0 = greedy; live: applies from the next round",
-                                                elem_id="temperature")
-                        top_k = gr.Slider(0, TOP_K_MAX, d.top_k, step=1, precision=0, label="top-k",
-                                          info="0 = off", elem_id="top-k")
-                        top_p = gr.Slider(0.01, 1.0, d.top_p, step=0.01, label="top-p", info="1 = off",
-                                          elem_id="top-p")
-                        min_p = gr.Slider(0.0, 1.0, d.min_p, step=0.01, label="min-p", info="0 = off",
-                                          elem_id="min-p")
-                        max_new = gr.Slider(1, MAX_NEW_TOKENS_MAX, d.max_new_tokens, step=1, precision=0,
-                                            label="max new tokens", elem_id="max-new")
-                        seed = gr.Number(d.seed, precision=0, minimum=-1, maximum=SEED_MAX,
-                                         label="seed (-1 = random)", elem_id="seed")
-                    with gr.Group():
-                        speculative = gr.Checkbox(d.speculative, label="speculation (off = plain decoding baseline)",
-                                                  elem_id="speculative")
-                        tree = gr.Dropdown(h.tree_choices, value=d.tree, label="draft tree", elem_id="tree")
-                        lookup = gr.Slider(0, LOOKUP_MAX, d.lookup, step=1, precision=0,
-                                           label="prompt lookup tokens",
-                                           info="drafted per round by copying what followed the last occurrence "
-                                                "of the context's final n-gram; 0 = off", elem_id="lookup")
-                        lookup_mode = gr.Radio(list(LOOKUP_MODE_CHOICES), value=d.lookup_mode,
-                                               label="prompt lookup mode",
-                                               info="first: when the context repeats, the lookup chain alone "
-                                                    "drafts (the heads skip that round); merge: the chain joins "
-                                                    "the heads' tree", elem_id="lookup-mode")
-                        acceptance = gr.Radio(list(ACCEPTANCE_CHOICES), value=d.acceptance, label="acceptance rule",
-                                              info="typical is lossy: its output no longer follows the target "
-                                                   "model", elem_id="acceptance")
+                c = layout.settings_panel(d, h.tree_choices)
                 gr.Examples([[p] for p in prompts], inputs=[prompt], cache_examples=False, label="Examples")
-                gr.Markdown(_model_line(loaded), elem_id="model-line")
-        with gr.Row():
-            len_plot = gr.Plot(plots.accepted_length_figure([]), label="Accepted length", elem_id="len-plot")
-            depth_plot = gr.Plot(plots.depth_acceptance_figure([]), label="Acceptance per depth",
-                                 elem_id="depth-plot")
-            tps_plot = gr.Plot(plots.throughput_figure([]), label="Throughput", elem_id="tps-plot")
+                gr.Markdown(h.model_line, elem_id="model-line")
+        len_plot, depth_plot, tps_plot = layout.charts_row()
         with gr.Accordion("Round event (JSON)", open=False):
             event_json = gr.JSON(label="latest round", elem_id="event-json")
 
         # New controls go at the end: the /generate API keeps its old positional order.
-        controls = [prompt, temperature, top_k, top_p, min_p, max_new, seed, tree, acceptance, speculative, lookup,
-                    lookup_mode, chat]
-        cmp_controls = [c for c in controls if c is not speculative]  # a race always runs both
-        gen_outputs = [tokens, stats, tree_plot, round_slider, round_info, len_plot, depth_plot, tps_plot,
+        controls = [prompt, c.temperature, c.top_k, c.top_p, c.min_p, c.max_new, c.seed, c.tree, c.acceptance,
+                    c.speculative, c.lookup, c.lookup_mode, chat]
+        cmp_controls = [x for x in controls if x is not c.speculative]  # a race always runs both
+        gen_outputs = [tokens, stats, tree_plot, rounds.slider, rounds.info, len_plot, depth_plot, tps_plot,
                        sampler_plot, round_style, event_json]
-        round_outputs = [tree_plot, round_info, event_json, round_slider, round_style]
+        round_outputs = [tree_plot, rounds.info, event_json, rounds.slider, round_style]
         model_queue = dict(concurrency_id="model", concurrency_limit=1)
         # Views never wait for the model queue. They are queued on their own (errors come back as
         # toasts, not HTTP 500s) and take raw values (preprocess=False): our own checks name the
@@ -257,45 +117,40 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
         gen = gen_btn.click(gpu(h.generate), controls + [session], gen_outputs, api_name="generate",
                             api_description=API["generate"], show_progress="minimal", show_progress_on=[stats],
                             preprocess=False, **model_queue)
-        cmp_btn.click(lambda: gr.Row(visible=True), None, race_row, queue=False, api_visibility="private",
+        cmp_btn.click(lambda: gr.Row(visible=True), None, race.row, queue=False, api_visibility="private",
                       js=SCROLL_TO_RACE_JS)
-        cmp = cmp_btn.click(gpu(h.compare), cmp_controls + [session], [cmp_md, cmp_spec, cmp_base],
+        cmp = cmp_btn.click(gpu(h.compare), cmp_controls + [session], [race.md, race.spec, race.base],
                             api_name="compare", api_description=API["compare"], show_progress="minimal",
                             preprocess=False, **model_queue)
-        replay = replay_btn.click(h.replay, [round_slider, session], round_outputs + [len_plot],
-                                  api_visibility="private", show_progress="hidden", **view_queue)
+        replay = rounds.replay.click(h.replay, [rounds.slider, session], round_outputs + [len_plot],
+                                     api_visibility="private", show_progress="hidden", **view_queue)
         for btn in (gen_btn, cmp_btn, clear_btn):  # a new run or Clear ends a replay
             btn.click(None, None, None, cancels=[replay], queue=False, api_visibility="private")
         # Stop does not cancel the events: the run ends at its next round and sends a final update
         # with every round (a cancelled event would leave the views at the last throttled update).
         stop_btn.click(h.stop, [session], None, api_name="stop", api_description=API["stop"], queue=False,
                        cancels=[replay])
-        sliders = [prompt, temperature, top_k, top_p, min_p, acceptance, chat, session]
-        clear_btn.click(h.clear, sliders, gen_outputs + [cmp_md, cmp_spec, cmp_base], api_name="clear",
+        sliders = [prompt, c.temperature, c.top_k, c.top_p, c.min_p, c.acceptance, chat, session]
+        clear_btn.click(h.clear, sliders, gen_outputs + [race.md, race.spec, race.base], api_name="clear",
                         api_description=API["clear"], queue=False, cancels=[gen, cmp], preprocess=False)
-        clear_btn.click(lambda: gr.Row(visible=False), None, race_row, queue=False, api_visibility="private")
+        clear_btn.click(lambda: gr.Row(visible=False), None, race.row, queue=False, api_visibility="private")
         # Live settings + sampler view: a forward between two rounds of a running generation, cached per session.
-        live = [temperature.change, top_k.change, top_p.change, min_p.change, acceptance.change, prompt.change,
-                chat.change]
+        live = [c.temperature.change, c.top_k.change, c.top_p.change, c.min_p.change, c.acceptance.change,
+                prompt.change, chat.change]
         gr.on(live, h.sampler_view, sliders, sampler_plot, api_name="set_sampling",
               api_description=API["set_sampling"], trigger_mode="always_last", show_progress="hidden",
               **view_queue)
-        acceptance.change(h.temperature_control, acceptance, temperature, queue=False, api_visibility="private")
-        demo.load(h.sampler_view, sliders, sampler_plot, api_visibility="private", show_progress="hidden",
-                  **view_queue)
-        round_slider.input(h.show_round, [round_slider, session], round_outputs, api_name="round",
-                           api_description=API["round"], trigger_mode="always_last", show_progress="hidden",
-                           **view_queue)
-        prev_btn.click(lambda i, s: h.step_round(i, s, -1), [round_slider, session], round_outputs,
-                       api_visibility="private", show_progress="hidden", **view_queue)
-        next_btn.click(lambda i, s: h.step_round(i, s, 1), [round_slider, session], round_outputs,
-                       api_visibility="private", show_progress="hidden", **view_queue)
-        reject_btn.click(h.jump_rejection, [round_slider, session], round_outputs, api_visibility="private",
-                         show_progress="hidden", **view_queue)
-        longest_btn.click(h.jump_longest, [session], round_outputs, api_visibility="private",
-                          show_progress="hidden", **view_queue)
-        tokens.select(h.token_round, [session], round_outputs, api_visibility="private", show_progress="hidden",
-                      **view_queue)
+        c.acceptance.change(h.temperature_control, c.acceptance, c.temperature, queue=False, api_visibility="private")
+        hidden = dict(api_visibility="private", show_progress="hidden", **view_queue)  # the UI's own view events
+        demo.load(h.sampler_view, sliders, sampler_plot, **hidden)
+        at = [rounds.slider, session]
+        rounds.slider.input(h.show_round, at, round_outputs, api_name="round", api_description=API["round"],
+                            trigger_mode="always_last", show_progress="hidden", **view_queue)
+        rounds.prev.click(lambda i, s: h.step_round(i, s, -1), at, round_outputs, **hidden)
+        rounds.next.click(lambda i, s: h.step_round(i, s, 1), at, round_outputs, **hidden)
+        rounds.reject.click(h.jump_rejection, at, round_outputs, **hidden)
+        rounds.longest.click(h.jump_longest, [session], round_outputs, **hidden)
+        tokens.select(h.token_round, [session], round_outputs, **hidden)
     demo.queue(max_size=queue_size, default_concurrency_limit=1)
     return demo
 
@@ -332,7 +187,7 @@ def prefix_cache(args: argparse.Namespace) -> PrefixCache | None:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    loaded = specdec.load(args.model, heads=resolve_heads(args.heads), device=args.device, dtype=args.dtype,
+    loaded = specdec.load(args.model, heads=args.heads, device=args.device, dtype=args.dtype,
                           prefix_cache=prefix_cache(args))
     if loaded.device.type == "cuda":
         # cuDNN attention builds a plan for every new (query, cache) length: measured on an H200,

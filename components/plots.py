@@ -12,8 +12,9 @@ from typing import Callable
 import plotly.graph_objects as go
 
 from specdec import RoundEvent
+from specdec.stats import (accepted_by_lookup, accepted_drafts, change_rounds, decode_rounds, depth_counts,
+                           engine_seconds, rule_label, throughput)
 
-from .stats import accepted_by_lookup, accepted_drafts, change_rounds, decode_rounds, depth_acceptance
 from .replay import node_rule
 
 STATUS_COLORS = {
@@ -200,7 +201,7 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
     drafts = len(nodes) - 1
     got = len(path) - 1
     kind = extra[-1].kind if extra else "none"
-    rule = event.acceptance + (" (LOSSY)" if event.acceptance == "typical" else "")
+    rule = rule_label(event.acceptance)
     leaves = int(round(-min(ys))) + 1  # leaf rows are 0, -1, -2, ...
     lookup_note, key = "", "columns = depth (head = depth − 1) · bold = accepted path"
     if looked_up:
@@ -271,7 +272,7 @@ def accepted_length_figure(events: list[RoundEvent], current: int | None = None)
 
 def depth_acceptance_figure(events: list[RoundEvent]) -> go.Figure:
     """Acceptance rate per tree depth, with the denominator on every bar."""
-    rows = depth_acceptance(events)
+    rows = depth_counts(events).rows()
     if not rows:
         return empty_figure("Acceptance per depth: no speculative round yet.", 300)
     fig = go.Figure(go.Bar(
@@ -293,12 +294,12 @@ def throughput_figure(events: list[RoundEvent]) -> go.Figure:
     xs, per_round, cumulative = [], [], []
     toks, secs = 0, 0.0
     for ev in events:
-        ms = ev.timings.get("total", 0.0)
+        s = engine_seconds([ev])
         toks += len(ev.emitted)
-        secs += ms / 1e3
+        secs += s
         xs.append(ev.index)
-        per_round.append(len(ev.emitted) / (ms / 1e3) if ms > 0 else None)
-        cumulative.append(toks / secs if secs > 0 else None)
+        per_round.append(throughput(len(ev.emitted), s))
+        cumulative.append(throughput(toks, secs))
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=xs, y=per_round, mode="markers", name="this round",
                              marker=dict(color="#90caf9", size=6)))

@@ -8,7 +8,7 @@ speculative round costs `round_cost` plain steps and yields
 from __future__ import annotations
 
 from specdec import RoundEvent
-from specdec.verifier import LOSSY_RULES
+from specdec.stats import decode_rounds, is_lossy, throughput
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -21,7 +21,7 @@ def lane_numbers(events: list[RoundEvent], seconds: float) -> dict:
     forwards = len(events)  # one target forward per round; round 0 is the prefill
     return {"tokens": tokens, "forwards": forwards, "seconds": seconds,
             "tokens_per_forward": tokens / forwards if forwards else None,
-            "tokens_per_second": tokens / seconds if seconds > 0 else None}
+            "tokens_per_second": throughput(tokens, seconds)}
 
 
 def race_ratio(spec: dict, base: dict) -> float | None:
@@ -37,8 +37,7 @@ def round_costs(spec_events: list[RoundEvent], base_events: list[RoundEvent]) ->
     step's; forward_cost: its target forward alone over a one-token forward; overhead_ms: the
     rest of the round (drafting, verifying, cache moves); nodes: tree size, root included.
     """
-    spec = [ev for ev in spec_events if ev.index > 0]
-    base = [ev for ev in base_events if ev.index > 0]
+    spec, base = decode_rounds(spec_events), decode_rounds(base_events)
     step = _mean([ev.timings.get("total", 0.0) for ev in base])
     base_fwd = _mean([ev.timings.get("forward", ev.timings.get("total", 0.0)) for ev in base])
     if not spec or not step:
@@ -84,8 +83,8 @@ def identity_line(spec_events: list[RoundEvent], base_events: list[RoundEvent], 
         k = next((i for i, (x, y) in enumerate(zip(s_ids, b_ids)) if x != y), min(len(s_ids), len(b_ids)))
         return (f"✗ texts **differ** from token {k} (greedy should match exactly; in fp16/bf16 tiny numeric "
                 "differences between a tree forward and a single-token forward can flip a tie)")
-    if acceptance in LOSSY_RULES:
-        return "typical acceptance is **LOSSY**: the output no longer follows the target distribution"
+    if is_lossy(acceptance):
+        return f"{acceptance} acceptance is **LOSSY**: the output no longer follows the target distribution"
     return "sampling: the two texts need not match; lossless verification means both follow the same distribution"
 
 

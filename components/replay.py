@@ -10,9 +10,8 @@ from __future__ import annotations
 import re
 
 from specdec import RoundEvent
-from specdec.verifier import LOSSY_RULES
+from specdec.stats import accepted_by_lookup, accepted_drafts, rule_label
 
-from .stats import accepted_by_lookup, accepted_drafts
 
 HIGHLIGHT_COLOR = "#6a1b9a"  # the current round's tokens: an outline in the ⚙ marker's purple
 
@@ -187,7 +186,7 @@ def round_markdown(ev: RoundEvent | None) -> str:
     p = ev.params
     sampler = "greedy" if not p.get("temperature") else \
         f"T={p['temperature']:g}, top-k {p['top_k'] or 'off'}, top-p {p['top_p']:g}, min-p {p['min_p']:g}"
-    rule = ev.acceptance + (" (LOSSY)" if ev.acceptance in LOSSY_RULES else "")
+    rule = rule_label(ev.acceptance)
     t = ev.timings
     times = ", ".join(f"{k} {t[k]:.1f} ms" for k in ("draft", "forward", "verify", "total") if k in t)
     head = "prefill" if ev.index == 0 else f"{len(ev.nodes) - 1 if ev.nodes else 0} drafts"

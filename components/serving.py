@@ -20,6 +20,7 @@ it and the queue wait is not observed.
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.middleware import Middleware
@@ -81,10 +82,12 @@ class RequestMetrics:
     is the user's choice, not the server's speed.
     """
 
-    def __init__(self, metrics: Metrics | None, arrival: float | None = None, prefix_cache=None) -> None:
+    def __init__(self, metrics: Metrics | None, arrival: float | None = None,
+                 cache_state: Callable[[], dict | None] | None = None) -> None:
+        """cache_state: reads the prefix cache's state as plain values (`ModelGate.prefix_cache`)."""
         self.m = metrics
         self.arrival = arrival
-        self.prefix_cache = prefix_cache
+        self.cache_state = cache_state or (lambda: None)
         self.cancelled = False
         self.start = self.first = self.last = None
         self.tokens = 0
@@ -115,7 +118,7 @@ class RequestMetrics:
             self.last = now
             self.tokens += len(ev.emitted)
         if ev.index == 0:
-            self.m.observe_cache(self.prefix_cache)  # the prefill has just looked up and filled it
+            self.m.observe_cache(self.cache_state())  # the prefill has just looked up and filled it
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if self.m is None:
@@ -133,5 +136,5 @@ class RequestMetrics:
                 self.m.tpot.observe((self.last - self.first) / (self.tokens - 1))
         self.m.requests.labels(outcome=outcome).inc()
         self.m.in_flight.dec()
-        self.m.observe_cache(self.prefix_cache)
+        self.m.observe_cache(self.cache_state())
         return False  # never swallow the exception

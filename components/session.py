@@ -12,30 +12,38 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
-from specdec import RoundEvent, SamplingParams
+from specdec import GenerationRequest, RoundEvent, SamplingParams
 from specdec.lookup import DEFAULT_LOOKUP, MAX_LOOKUP
+from specdec.stats import SAMPLER_KEYS
+from specdec.verifier import ACCEPTANCE_RULES, LOSSY_RULES
 
-# UI ranges. Gradio's sliders reject values outside them, and `Settings.validate`
-# checks them again for calls that bypass the sliders.
+# UI ranges: the app's own limits, tighter than the engine's. Gradio's sliders reject values
+# outside them, and `Settings.validate` checks them again for calls that bypass the sliders.
+# Every other limit is the engine's, checked once by GenerationRequest and SamplingParams.
 TEMPERATURE_MAX = 2.0
 TOP_K_MAX = 200
 MAX_NEW_TOKENS_MAX = 512
 SEED_MAX = 2**31 - 1
 LOOKUP_MAX = MAX_LOOKUP  # prompt-lookup tokens per round (the engine's own limit)
 
-ACCEPTANCE_CHOICES = (
-    ("lossless sampling (exact)", "lossless"),
-    ("greedy (argmax match; ignores temperature)", "greedy"),
-    ("typical acceptance (LOSSY)", "typical"),
-)
+_RULE_WORDS = {"lossless": "lossless sampling (exact)", "greedy": "greedy (argmax match; ignores temperature)",
+               "typical": "typical acceptance"}
+ACCEPTANCE_CHOICES = tuple(  # (label, value) for the radio, in the UI's order; lossy rules say so
+    (_RULE_WORDS.get(r, r) + (" (LOSSY)" if r in LOSSY_RULES else ""), r)
+    for r in sorted(ACCEPTANCE_RULES, key=lambda r: (r in LOSSY_RULES, r != "lossless")))
 LOOKUP_MODE_CHOICES = (
     ("first", "first"),  # a round whose context has an n-gram match drafts the lookup chain alone, else the heads
     ("merge", "merge"),  # every round: the heads' tree with the lookup chain merged into it
 )
-LIVE_KEYS = ("temperature", "top_k", "top_p", "min_p")  # what moving a slider changes mid-run
+LIVE_KEYS = SAMPLER_KEYS  # what moving a slider changes mid-run
 
 
-def _number(name: str, value, lo: float, hi: float, integer: bool = False, lo_open: bool = False):
+def _number(name: str, value, integer: bool = False, ui_range: tuple[float, float] | None = None):
+    """A control's raw value as a number (a JSON 10.0 is the integer 10), within the slider's `ui_range`.
+
+    Only the app's own bound is checked against `ui_range` (above it, the sliders stop); the engine's
+    bounds are the request's to check, though the message states the whole slider range.
+    """
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"`{name}` must be a number, got {value!r}")
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
@@ -44,18 +52,9 @@ def _number(name: str, value, lo: float, hi: float, integer: bool = False, lo_op
         if float(value) != int(value):
             raise ValueError(f"`{name}` must be an integer, got {value!r}")
         value = int(value)
-    ok = (lo < value if lo_open else lo <= value) and value <= hi
-    if not ok:
-        interval = f"{'(' if lo_open else '['}{lo}, {hi}]"
-        raise ValueError(f"`{name}` must be in {interval}, got {value!r}")
+    if ui_range is not None and value > ui_range[1]:
+        raise ValueError(f"`{name}` must be in [{ui_range[0]}, {ui_range[1]}], got {value!r}")
     return value if integer else float(value)
-
-
-def _lookup(value) -> int:
-    try:
-        return _number("lookup", value, 0, LOOKUP_MAX, integer=True)
-    except ValueError as e:
-        raise ValueError(f"{e} (prompt lookup tokens drafted per round; 0 = off)") from None
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,7 @@ class Settings:
     max_new_tokens: int = 64
     seed: int = 0  # -1 draws a fresh seed per run
     tree: str = "default"  # a draft_tree preset name, or "trained"
-    acceptance: str = "lossless"  # "lossless", "greedy" or "typical" (lossy)
+    acceptance: str = "lossless"  # one of ACCEPTANCE_RULES ("typical" is lossy)
     speculative: bool = True
     lookup: int = DEFAULT_LOOKUP  # prompt-lookup tokens drafted per round; 0 = off
     lookup_mode: str = "first"  # "first" or "merge" (see LOOKUP_MODE_CHOICES)
@@ -78,28 +77,44 @@ class Settings:
     def validate(cls, temperature, top_k, top_p, min_p, max_new_tokens=64, seed=0, tree="default",
                  acceptance="lossless", speculative=True, lookup=DEFAULT_LOOKUP, lookup_mode="first",
                  trees=None) -> "Settings":
-        """Check raw control values (from the UI or the API); raise ValueError naming the bad one."""
-        rules = [v for _, v in ACCEPTANCE_CHOICES]
-        if acceptance not in rules:
-            raise ValueError(f"`acceptance` must be one of {rules}, got {acceptance!r}")
-        modes = [v for _, v in LOOKUP_MODE_CHOICES]
-        if lookup_mode not in modes:
-            raise ValueError(f"`lookup_mode` must be one of {modes}, got {lookup_mode!r}")
+        """Check raw control values (from the UI or the API); raise ValueError naming the bad one.
+
+        Here: numbers from JSON, the app's ranges and tree choices. The request's own checks
+        (sampling params, acceptance rule, lookup, max_new_tokens >= 1) run by building one.
+        """
         if trees is not None and tree not in trees:
             raise ValueError(f"`tree` must be one of {list(trees)}, got {tree!r}")
-        if not isinstance(speculative, bool):
-            raise ValueError(f"`speculative` must be true or false, got {speculative!r}")
         seed = -1 if seed is None else seed
-        return cls(
-            temperature=_number("temperature", temperature, 0.0, TEMPERATURE_MAX),
-            top_k=_number("top_k", top_k, 0, TOP_K_MAX, integer=True),
-            top_p=_number("top_p", top_p, 0.0, 1.0, lo_open=True),
-            min_p=_number("min_p", min_p, 0.0, 1.0),
-            max_new_tokens=_number("max_new_tokens", max_new_tokens, 1, MAX_NEW_TOKENS_MAX, integer=True),
-            seed=_number("seed", seed, -1, SEED_MAX, integer=True),
+        out = cls(
+            temperature=_number("temperature", temperature, ui_range=(0.0, TEMPERATURE_MAX)),
+            top_k=_number("top_k", top_k, integer=True, ui_range=(0, TOP_K_MAX)),
+            top_p=_number("top_p", top_p),
+            min_p=_number("min_p", min_p),
+            max_new_tokens=_number("max_new_tokens", max_new_tokens, integer=True, ui_range=(1, MAX_NEW_TOKENS_MAX)),
+            seed=_number("seed", seed, integer=True, ui_range=(-1, SEED_MAX)),
             tree=tree, acceptance=acceptance, speculative=speculative,
-            lookup=_lookup(lookup), lookup_mode=lookup_mode,
+            lookup=_number("lookup", lookup, integer=True), lookup_mode=lookup_mode,
         )
+        if out.seed < -1:  # the app's own meaning: -1 draws a fresh seed per run
+            raise ValueError(f"`seed` must be in [-1, {SEED_MAX}], got {out.seed}")
+        if out.acceptance == "auto":  # the engine's default; the app names the rule it runs
+            raise ValueError(f"`acceptance` must be one of {list(ACCEPTANCE_RULES)}, got 'auto'")
+        out.request([0])  # the engine's checks, stated once in GenerationRequest
+        return out
+
+    def request(self, prompt_ids: list[int], params=None, speculative: bool | None = None,
+                max_new_tokens: int | None = None) -> GenerationRequest:
+        """The engine request these settings make (plain decoding drafts nothing, so it gets lookup=0).
+
+        Args:
+            params: SamplingParams or a live source of them (default: `sampling_params()`).
+            speculative, max_new_tokens: override the settings' own (a race runs both lanes, a warm-up is short).
+        """
+        spec = self.speculative if speculative is None else speculative
+        return GenerationRequest(prompt_ids, self.max_new_tokens if max_new_tokens is None else max_new_tokens,
+                                 self.sampling_params() if params is None else params, self.tree, spec,
+                                 self.acceptance, lookup=self.lookup if spec is True else 0,
+                                 lookup_mode=self.lookup_mode)
 
     def sampling_params(self, seed: int | None = None) -> SamplingParams:
         """The engine's params. The greedy rule means argmax everywhere, so it forces temperature 0."""
@@ -151,8 +166,8 @@ class Session:
     run: Run | None = None  # the last Generate run: the round slider and the charts read it
     active: Run | None = None  # whatever runs now (a Generate or a Compare run); Stop stops it
     runs_started: int = 0
-    # (token ids, their next-token logits [V]) for the sampler view; one tuple so that the
-    # generation thread and a slider event never see a key with another context's logits.
+    # ((token ids, params), the sampler view's rows): plain values. One tuple, so that the
+    # generation thread and a slider event never see a key with another context's rows.
     sampler_cache: tuple | None = None
 
     def start_run(self, prompt: str, prompt_ids: list[int], settings: Settings, main: bool = True,
@@ -193,10 +208,3 @@ class Session:
         self.request_stop()
         self.active = None
         self.run = None
-
-
-def params_changed(prev: dict | None, cur: dict) -> dict[str, tuple]:
-    """{key: (old, new)} for the live keys that differ between two events' params."""
-    if prev is None:
-        return {}
-    return {k: (prev.get(k), cur.get(k)) for k in LIVE_KEYS if prev.get(k) != cur.get(k)}

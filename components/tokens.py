@@ -9,9 +9,8 @@ from __future__ import annotations
 import html
 
 from specdec import RoundEvent
+from specdec.stats import accepted_sources, params_changed
 
-from .session import params_changed
-from .stats import accepted_sources
 
 KIND_LABELS = {
     "accepted": "accepted draft",

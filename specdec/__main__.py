@@ -41,7 +41,8 @@ def main(argv=None) -> int:
     g.add_argument("--tree", default="auto", help="auto, trained, chain, small, default or none (root only: prompt lookup drafts everything)")
     g.add_argument("--lookup", type=int, default=None,
                    help="prompt-lookup tokens drafted per round (0 = heads only; default 10, specdec.lookup.DEFAULT_LOOKUP)")
-    g.add_argument("--lookup-mode", default="first", choices=["first", "merge"],
+    # Values are checked once, by the GenerationRequest that `generate` builds (not by argparse too).
+    g.add_argument("--lookup-mode", default="first",
                    help="first: a round with an n-gram match drafts from lookup alone; merge: heads' tree + lookup")
     g.add_argument("--acceptance", default="auto", help="auto, greedy, lossless or typical (lossy)")
     g.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding (the baseline)")

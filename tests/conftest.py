@@ -1,6 +1,6 @@
 """Shared fixtures: tiny random HF models built from configs (no hub), HF's own
-greedy decoding as the reference, a float64 reference sampler, "oracle" draft
-heads that know the greedy continuation, and a fake byte tokenizer.
+greedy decoding as the reference, a float64 reference sampler, the benchmark's
+"oracle" draft heads (which know the greedy continuation), and a fake byte tokenizer.
 
 Everything runs in float32 on the CPU, in eval mode, from fixed seeds.
 """
@@ -15,7 +15,20 @@ from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import specdec
-from specdec.heads import HeadsConfig
+from bench.oracle import OracleHeads
+from specdec import EmittedToken, RoundEvent, TreeNode
+from specdec.lookup import DEFAULT_LOOKUP
+
+# Finer markers of the slow integration tests; each implies `slow`, so `-m "not slow"` (the quick
+# loop) leaves them all out, and `-m "not browser"` just the one kind.
+SLOW_KINDS = ("server", "browser", "bench", "train", "install")
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        if any(item.get_closest_marker(kind) for kind in SLOW_KINDS):
+            item.add_marker(pytest.mark.slow)
+
 
 # Other work shares this machine: one intra-op thread is also the fastest
 # setting for models this small.
@@ -147,47 +160,12 @@ def reference_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, to
     return probs_of(keep), margin
 
 
-# -- oracle heads ----------------------------------------------------------------
-
-class OracleHeads(nn.Module):
-    """Draft heads that know a reference continuation.
-
-    The engine calls the heads with the hidden state of the last accepted
-    token; the oracle finds which position of the reference sequence that
-    hidden state belongs to (nearest neighbour) and ranks the true token
-    t+k+2 at rank `rank_of(pos, k)` of head k. With rank 0 everywhere this is
-    a perfect drafter; other ranks force the verifier onto later siblings
-    (non-contiguous accepted paths); a rank outside the tree forces a reject.
-    """
-
-    def __init__(self, model: nn.Module, ref_ids: list[int], num_heads: int = 4, rank_of=None) -> None:
-        super().__init__()
-        w = model.get_output_embeddings().weight
-        self.config = HeadsConfig(hidden_size=w.shape[1], vocab_size=w.shape[0], num_heads=num_heads)
-        self.ref = list(ref_ids)
-        with torch.inference_mode():
-            self.h_ref = model.base_model(torch.tensor([self.ref])).last_hidden_state[0].clone()  # [T, H]
-        self.rank_of = rank_of or (lambda pos, k: 0)
-        self.V = int(w.shape[0])
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [H] -> [K, V]
-        pos = int((self.h_ref - hidden.float()).norm(dim=-1).argmin())
-        out = torch.zeros(self.config.num_heads, self.V)
-        for k in range(self.config.num_heads):
-            j = pos + k + 2
-            true = self.ref[j] if j < len(self.ref) else 0
-            order = [t for t in range(self.V) if t != true]
-            r = min(self.rank_of(pos, k), self.V - 1)
-            order.insert(r, true)
-            out[k, torch.tensor(order)] = torch.linspace(10.0, 0.0, self.V)
-        return out
-
+# -- oracle heads: the one test double for draft heads, shared with the benchmark (bench/oracle.py) --
 
 def oracle_loaded(model: nn.Module, prompt: list[int], n: int, rank_of=None, num_heads: int = 4, tokenizer=None):
     """specdec.load(model) with oracle heads for HF's greedy continuation of `prompt`."""
     ref = prompt + hf_greedy(model, prompt, n + num_heads + 2)
-    loaded = specdec.load(model, heads="random", device="cpu", tokenizer=tokenizer)
-    loaded.engine.heads = loaded.heads = OracleHeads(model, ref, num_heads, rank_of)
+    loaded = specdec.load(model, heads=OracleHeads(model, ref, num_heads, rank_of), device="cpu", tokenizer=tokenizer)
     return loaded, ref[len(prompt):]
 
 
@@ -230,3 +208,108 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# -- UI: synthetic round events, and handlers on the embedded model --------------------------------
+
+P0 = {"temperature": 0.7, "top_k": 50, "top_p": 0.95, "min_p": 0.0, "seed": 1}
+
+
+def node(tok, text, parent, depth, rank, q, p, status, source="heads"):
+    return TreeNode(tok, text, parent, depth, rank, q, p, status, "root" if parent < 0 else source)
+
+
+def tree_event(index: int = 1, params: dict | None = None) -> RoundEvent:
+    """root -> ' fib' (accepted) -> '(n' (accepted) -> '):' (rejected); a correction '\\n' follows.
+
+    Node ids: 0 root, 1 ' fib' (d1 r0, accepted), 2 '<b>' (d1 r1, not reached), 3 '(' (d2 r0, rejected),
+    4 '(n' (d2 r1, accepted), 5 '):' (d3 r0, rejected), 6 'x' (d2 r0 under node 2, not reached).
+    """
+    nodes = (
+        node(10, "def", -1, 0, -1, None, None, "root"),
+        node(11, " fib", 0, 1, 0, 0.6, 0.7, "accepted"),
+        node(12, "<b>", 0, 1, 1, 0.2, None, "not_reached"),
+        node(13, "(", 1, 2, 0, 0.5, 0.1, "rejected"),
+        node(14, "(n", 1, 2, 1, 0.3, 0.8, "accepted"),
+        node(15, "):", 4, 3, 0, 0.4, 0.05, "rejected"),
+        node(16, "x", 2, 2, 0, 0.1, None, "not_reached"),
+    )
+    emitted = (EmittedToken(11, " fib", "accepted", 0.6, 0.7), EmittedToken(14, "(n", "accepted", 0.3, 0.8),
+               EmittedToken(17, "\n", "correction", None, 0.5))
+    return RoundEvent(index, nodes, (0, 1, 4), emitted, dict(params or P0), "lossless", True,
+                      {"draft": 1.0, "forward": 8.0, "verify": 1.0, "total": 10.0}, 3 * index + 1)
+
+
+def prefill_event(params: dict | None = None, kind: str = "bonus") -> RoundEvent:
+    return RoundEvent(0, (), (), (EmittedToken(9, "x", kind, None, 0.9),), dict(params or P0),
+                      "lossless", kind != "baseline", {"forward": 20.0, "total": 20.0}, 1, prompt_tokens=4)
+
+
+def plain_event(index: int) -> RoundEvent:
+    return RoundEvent(index, (), (0,), (EmittedToken(20 + index, "y", "baseline", None, 0.4),), dict(P0), "plain",
+                      False, {"forward": 5.0, "total": 5.0}, index + 1)
+
+
+def by_name(fig) -> dict:
+    """A figure's traces by name."""
+    return {t.name: t for t in fig.data}
+
+
+def lookup_event() -> RoundEvent:
+    """Two head drafts under the root and, listed after them, an 8-token lookup chain grafted below the root.
+
+    Node ids: 0 root, 1 'a' (d1 r0, rejected), 2 'b' (d1 r1, not reached), 3..10 the chain (rank -1):
+    3..7 accepted, 8 rejected, 9 and 10 not reached. A correction follows node 7.
+    """
+    nodes = [node(10, "x", -1, 0, -1, None, None, "root"),
+             node(11, "a", 0, 1, 0, 0.5, 0.1, "rejected"),
+             node(12, "b", 0, 1, 1, 0.2, None, "not_reached")]
+    for k in range(8):
+        status = "accepted" if k < 5 else "rejected" if k == 5 else "not_reached"
+        nodes.append(node(20 + k, f"t{k}", 0 if k == 0 else 2 + k, k + 1, -1, None,
+                          0.9 if k <= 5 else None, status, "lookup"))
+    emitted = tuple(EmittedToken(20 + k, f"t{k}", "accepted", None, 0.9) for k in range(5)) + \
+        (EmittedToken(30, "!", "correction", None, 0.4),)
+    return RoundEvent(1, tuple(nodes), (0, 3, 4, 5, 6, 7), emitted, dict(P0), "lossless", True,
+                      {"draft": 1.0, "forward": 8.0, "verify": 1.0, "total": 10.0}, 7)
+
+
+def run_events() -> list[RoundEvent]:
+    changed = dict(P0, temperature=1.2)
+    return [prefill_event(), tree_event(1), tree_event(2), tree_event(3, changed)]
+
+
+def race_lane(tokens_per_round: list[int], total_ms: float, forward_ms: float, nodes: int) -> list[RoundEvent]:
+    events = [prefill_event()]
+    for i, k in enumerate(tokens_per_round, start=1):
+        emitted = tuple(EmittedToken(i, "t", "accepted" if j < k - 1 else "correction", None, 0.5) for j in range(k))
+        tree = tuple(node(1, "t", -1 if j == 0 else 0, min(j, 1), j - 1, 0.5, 0.5, "root" if j == 0 else "rejected")
+                     for j in range(nodes))
+        events.append(RoundEvent(i, tree, (0,), emitted, dict(P0), "lossless", nodes > 0,
+                                 {"forward": forward_ms, "total": total_ms}, i))
+    return events
+
+
+@pytest.fixture(scope="session")
+def handlers():
+    """Handlers over the embedded model, shared by the UI tests (each test uses its own Session)."""
+    from components.handlers import Handlers  # gradio: imported by the UI tests only
+
+    return Handlers(specdec.load(device="cpu"), max_prompt_tokens=64, figure_interval=0.0, text_interval=0.0)
+
+
+CONTROLS = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, max_new_tokens=10, seed=0, tree="chain",
+                acceptance="lossless", speculative=True, lookup=DEFAULT_LOOKUP, lookup_mode="first", chat=False)
+
+
+def race_controls(**change) -> list:
+    """Compare's inputs: the controls less `speculative` (a race always runs both)."""
+    return [v for k, v in {**CONTROLS, **change}.items() if k != "speculative"]
+
+
+def chat_loaded(handlers):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(specdec.api.DEFAULT_MODEL))
+    tok.chat_template = ("{% for m in messages %}<|user|> {{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+    return specdec.load(handlers.loaded.model, heads=None, tokenizer=tok, device="cpu")

@@ -5,7 +5,6 @@ import pytest
 from transformers import AutoTokenizer
 
 import specdec
-from specdec.__main__ import main as cli
 from specdec.api import DEFAULT_MODEL, encode
 
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
@@ -46,11 +45,6 @@ def test_chat_without_a_template_is_a_clear_error(embedded):
         encode(embedded, None, [1, 2, 3], chat=True)
     with pytest.raises(ValueError, match="`chat` must be True or False, got 'yes'"):
         specdec.generate(embedded, "hello", chat="yes")
-
-
-def test_cli_chat_flag(capsys):
-    assert cli(["generate", "--prompt", "hi", "--chat", "--max-new-tokens", "4"]) == 2
-    assert "needs a chat template" in capsys.readouterr().err
 
 
 def test_heads_argument_errors(embedded, tmp_path):

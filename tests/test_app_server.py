@@ -17,6 +17,8 @@ from conftest import APP_GREEDY, free_port
 import app
 from app import build_demo, launch_kwargs
 
+pytestmark = pytest.mark.server  # deselected by the quick loop (-m "not slow"); CI runs it
+
 GREEDY = APP_GREEDY
 SEEN: list[specdec.RoundEvent] = []  # every round of every Generate run, via the on_round hook
 
@@ -88,13 +90,13 @@ def test_bad_inputs_error_and_the_app_keeps_serving(server):
         (dict(prompt="   \n"), "empty"),
         (dict(prompt="x " * 300), "limit"),
         (dict(prompt="ok", temperature=5.0), "`temperature` must be in [0.0, 2.0], got 5"),
-        (dict(prompt="ok", top_k=-3), "`top_k` must be in [0, 200]"),
-        (dict(prompt="ok", top_p=0.0), "`top_p` must be in (0.0, 1.0]"),
+        (dict(prompt="ok", top_k=-3), "`top_k` must be an integer >= 0"),
+        (dict(prompt="ok", top_p=0.0), "`top_p` must be in (0, 1]"),
         (dict(prompt="ok", max_new_tokens=100_000), "`max_new_tokens` must be in [1, 512]"),
         (dict(prompt="ok", seed=-7), "`seed` must be in [-1,"),
         (dict(prompt="ok", tree="enormous"), ""),
         (dict(prompt="ok", acceptance="yolo"), ""),
-        (dict(prompt="ok", lookup=65), "`lookup` must be in [0, 64]"),
+        (dict(prompt="ok", lookup=65), "`lookup` must be an integer in [0, 64]"),
         (dict(prompt="ok", lookup=2.5), "`lookup` must be an integer"),
         (dict(prompt="ok", lookup_mode="both"), "`lookup_mode` must be one of"),
         (dict(prompt="ok", chat=True), "chat template"),
@@ -104,7 +106,7 @@ def test_bad_inputs_error_and_the_app_keeps_serving(server):
         with pytest.raises(AppError) as err:
             c.predict(**{**GREEDY, "max_new_tokens": 4, **kwargs}, api_name="/generate")
         assert words.lower() in str(err.value).lower(), (kwargs, str(err.value))
-    with pytest.raises(AppError, match=r"`temperature` must be in \[0.0, 2.0\], got -1"):
+    with pytest.raises(AppError, match=r"`temperature` must be a finite number >= 0 \(0 = greedy\), got -1"):
         c.predict(prompt="ok", temperature=-1.0, top_k=0, top_p=1.0, min_p=0.0, acceptance="lossless",
                   api_name="/set_sampling")
     out = c.predict(prompt="class Stack:", max_new_tokens=4, **GREEDY, api_name="/generate")
@@ -228,9 +230,6 @@ def test_app_wiring_queue_spaces_and_arguments(server, monkeypatch):
     args = app.parse_args([])
     assert (args.model, args.heads, args.port) == ("some/model", "random", 7860)
     assert app.parse_args(["--model", "x", "--port", "9000", "--host", "0.0.0.0"]).port == 9000
-    assert app.resolve_heads("random") == "random" and app.resolve_heads(None) is None
-    heads_dir = str(specdec.api.DEFAULT_HEADS)
-    assert app.resolve_heads(heads_dir) == heads_dir
 
 
 def test_api_inputs_have_types_and_describe_themselves(server):

@@ -12,6 +12,8 @@ import pytest
 
 import specdec.api
 
+pytestmark = pytest.mark.install  # deselected by the quick loop (-m "not slow"); CI runs it
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -1,16 +1,13 @@
-"""Prompt lookup: the n-gram index, grafting a chain into the tree, and exactness through the engine."""
+"""specdec/lookup.py: the n-gram index and its proposals, and exactness through the engine (grafting: test_draft_tree.py)."""
 from __future__ import annotations
 
 import random
 
-import numpy as np
 import pytest
-import torch
 
 import specdec
 import specdec.draft_tree as draft_tree_mod
 from conftest import ARCHS, PROMPTS, hf_greedy, make_model
-from specdec.draft_tree import build_tree, graft_chain, merge_chain, resolve_tree
 from specdec.lookup import DEFAULT_LOOKUP, NgramIndex
 
 N = 32
@@ -60,44 +57,6 @@ def test_incremental_index_matches_the_definition():
             assert idx.propose(6) == brute_propose(idx.tokens, max_n, 6), (trial, idx.tokens)
         assert NgramIndex(toks, max_n).propose(6) == brute_propose(toks, max_n, 6)
 
-
-# -- grafting a chain into the tree ---------------------------------------------------
-
-def test_graft_chain_buffers():
-    base = build_tree(((0,), (1,), (0, 0)))  # root, (0), (1), (0,0): N = 4
-    t = graft_chain(base.paths[1:], 1, 3)  # three lookup nodes below node 1
-    assert t.num_nodes == 7 and t.lookup == (4, 5, 6)
-    assert t.parent == (-1, 0, 0, 1, 1, 4, 5)
-    assert t.depth == (0, 1, 1, 2, 2, 3, 4) and t.depth_t.tolist() == list(t.depth)
-    assert t.children[1] == (4, 3)  # the lookup chain is tried first
-    assert t.children[4] == (5,) and t.children[6] == ()
-    for i in range(7):  # the mask is exactly "j is i or an ancestor of i"
-        anc, j = set(), i
-        while j != -1:
-            anc.add(j)
-            j = t.parent[j]
-        assert {j for j in range(7) if t.ancestor_mask[i, j]} == anc
-    assert t.rank[4:] == (-1, -1, -1)
-    assert graft_chain(base.paths[1:], 1, 3) is t  # cached
-    with pytest.raises(ValueError, match="attach"):
-        graft_chain(base.paths[1:], 9, 2)
-
-
-def test_merge_chain_follows_matching_nodes():
-    tree = build_tree(((0,), (1,), (0, 0), (0, 1)))  # root 0, (0)=1, (1)=2, (0,0)=3, (0,1)=4
-    tokens = [10, 11, 12, 13, 14]
-    assert merge_chain(tree, tokens, [11, 14, 7, 8]) == (4, [7, 8])
-    assert merge_chain(tree, tokens, [12, 5]) == (2, [5])
-    assert merge_chain(tree, tokens, [9]) == (0, [9])
-    assert merge_chain(tree, tokens, [11, 13]) == (3, [])
-
-
-def test_tree_preset_none_is_the_root_alone():
-    t = resolve_tree("none")
-    assert t.num_nodes == 1 and t.children == ((),)
-
-
-# -- through the engine: exactness --------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def repetitive():

@@ -300,6 +300,7 @@ def joint_after_first_lookup(model):
     return sum(p1[a] * exact_joint(model, LOOKUP_PROMPT + [a]) for a in range(V) if p1[a] > 0)
 
 
+@pytest.mark.slow  # a long statistical run; test_engine_is_lossless[default] keeps one in the quick loop
 @pytest.mark.parametrize("mode", ["first", "merge"])
 def test_engine_with_lookup_is_lossless(model, joint_after_first_lookup, mode):
     counts, hit = lookup_counts(model, mode, N_ENGINE, seed0=20_000)
@@ -310,6 +311,7 @@ def test_engine_with_lookup_is_lossless(model, joint_after_first_lookup, mode):
     assert p > PASS_P
 
 
+@pytest.mark.slow  # a long statistical run; test_engine_is_lossless[default] keeps one in the quick loop
 def test_engine_with_lookup_negative_control_always_accept(model, joint_after_first_lookup, monkeypatch):
     """A planted bug: lookup drafts accepted without the test (as if p/q were ignored) must fail."""
     real = verifier_mod.verify
@@ -350,6 +352,7 @@ def window_joint(window_model):
     return sum(p1[a] * exact_joint(window_model, prompt + [a]) for a in range(V) if p1[a] > 0)
 
 
+@pytest.mark.slow  # a long statistical run; test_engine_is_lossless[default] keeps one in the quick loop
 def test_sliding_window_model_with_prefix_cache_is_lossless(window_model, window_joint):
     from specdec.prefix_cache import PrefixCache
 
@@ -362,6 +365,7 @@ def test_sliding_window_model_with_prefix_cache_is_lossless(window_model, window
     assert p > PASS_P
 
 
+@pytest.mark.slow  # a long statistical run; test_engine_is_lossless[default] keeps one in the quick loop
 def test_sliding_window_negative_control_ignores_the_filters(window_model, window_joint, monkeypatch):
     """A planted bug: verification on the raw softmax (no temperature, no filters) must fail."""
     monkeypatch.setattr(verifier_mod, "target_probs", lambda logits, params: torch.softmax(logits.float(), -1))

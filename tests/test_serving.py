@@ -60,6 +60,7 @@ def wait_metric(url: str, pred, timeout: float = 20.0) -> dict:
         time.sleep(0.1)
 
 
+@pytest.mark.server
 def test_metrics_move_as_expected_after_one_generation(server):
     url = server
     before = scrape(url)
@@ -93,6 +94,7 @@ def test_metrics_move_as_expected_after_one_generation(server):
     assert after > ratio or after == 1.0  # one more hit
 
 
+@pytest.mark.server
 def test_errors_and_cancellations_are_counted(server):
     url = server
     before = scrape(url)
@@ -122,6 +124,7 @@ def test_errors_and_cancellations_are_counted(server):
     assert val(m, "specdec_requests_in_flight") == 0
 
 
+@pytest.mark.server
 def test_a_dropped_connection_counts_as_cancelled(server):
     """Open the SSE stream by hand, read two updates, close the socket: like a closed browser tab."""
     url = server
@@ -145,6 +148,7 @@ def test_a_dropped_connection_counts_as_cancelled(server):
     assert 0 < emitted < 399  # the run stopped early
 
 
+@pytest.mark.server
 def test_short_load_test_has_no_failures(server):
     url = server
     before = scrape(url)

@@ -20,6 +20,8 @@ from specdec.api import DEFAULT_MODEL
 from specdec.draft_tree import MC_SIM_7B_63
 from test_heads_io import synthetic, write_fasterdecoding
 
+pytestmark = pytest.mark.server  # deselected by the quick loop (-m "not slow"); CI runs it
+
 V = 4096  # the embedded tokenizer's vocabulary, so real text goes in and out
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -51,7 +53,7 @@ def test_vicuna_style_model_with_fasterdecoding_heads(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_HEADS", str(tmp_path / "medusa-heads"))
 
     args = app.parse_args([])
-    loaded = specdec.load(args.model, heads=app.resolve_heads(args.heads), device="cpu")
+    loaded = specdec.load(args.model, heads=args.heads, device="cpu")
     assert loaded.heads.config.num_heads == 5 and loaded.tree_paths == list(MC_SIM_7B_63)
     demo, client = serve(loaded)
     try:

@@ -15,6 +15,8 @@ from specdec.heads import load_heads
 from specdec.train.__main__ import main as train_main
 from specdec.train.corpus import iter_source_files, split_of
 
+pytestmark = pytest.mark.train  # deselected by the quick loop (-m "not slow"); CI runs it
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -1,0 +1,79 @@
+"""Compare: race speculative against plain decoding on one engine clock, and say why one won.
+
+`RaceView` is a part of `Handlers`: it reads `gate` (the engine's narrow face) and `validate`.
+The race's numbers and words are pure functions in race.py.
+"""
+from __future__ import annotations
+
+from .gate import ModelGate
+from .race import race_markdown
+from .session import Session
+from .tokens import render_round
+from .updates import Throttle, prompt_html
+
+COMPARE_HINT = "**Compare**: race speculative against plain decoding, side by side, and see why one wins."
+
+
+class RaceView:
+    gate: ModelGate
+
+    def compare(self, prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree, acceptance, lookup,
+                lookup_mode, chat, session: Session):
+        """Race speculative against plain decoding with identical settings and seed; explain the ratio.
+
+        Both lanes advance on one engine clock: the lane that has used less engine time runs the
+        next round, so the two panes grow as fast as each decoder really is."""
+        settings, ids = self.validate(prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree,
+                                      acceptance, True, lookup, lookup_mode, chat)
+        run = session.start_run(prompt, ids, settings, main=False, chat=chat)
+        params = settings.sampling_params(run.seed)
+        stop = session.should_stop(run)
+        lanes = {spec: {"events": [], "seconds": 0.0, "html": prompt_html(prompt), "prev": None, "done": False}
+                 for spec in (True, False)}
+        how = f" (prompt lookup {settings.lookup}, {settings.lookup_mode})" if settings.lookup else ""
+
+        def view(done: bool) -> tuple:
+            s, b = lanes[True], lanes[False]
+            md = race_markdown(s["events"], s["seconds"], b["events"], b["seconds"], done=done,
+                               max_new_tokens=settings.max_new_tokens, greedy=params.greedy,
+                               acceptance=settings.acceptance, device=self.gate.device_name,
+                               temperature=params.temperature, how=how)
+            return md, s["html"], b["html"]
+
+        streams = {}
+        try:
+            # Untimed warm-up of both paths: first calls pay for kernel selection and allocator
+            # growth. On CUDA that cost recurs for every new (query, cache) length, and can exceed
+            # a whole run, so there the warm-up is the same run (same seed, so the same shapes).
+            cuda = self.gate.info["device_type"] == "cuda"
+            warm = settings.max_new_tokens if cuda else min(4, settings.max_new_tokens)
+            yield "Warming up both decoders…", "", ""
+            for spec in (True, False):
+                s = self.gate.stream(settings.request(ids, params, spec, warm), should_stop=stop)
+                while self.gate.step(s)[0] is not None:
+                    pass
+            for spec in (True, False):
+                streams[spec] = self.gate.stream(settings.request(ids, params, spec), should_stop=stop)
+            tick = Throttle(0.3)
+            while not all(lane["done"] for lane in lanes.values()) and not run.stopped:
+                spec = min((k for k in lanes if not lanes[k]["done"]), key=lambda k: lanes[k]["seconds"])
+                lane = lanes[spec]
+                ev, secs = self.gate.step(streams[spec])
+                lane["seconds"] += secs
+                if ev is None:
+                    lane["done"] = True
+                    continue
+                lane["events"].append(ev)
+                lane["html"] += render_round(ev, lane["prev"])
+                lane["prev"] = ev.params
+                if tick():
+                    yield view(False)
+        finally:
+            for s in streams.values():
+                self.gate.close(s)
+            session.finish(run)
+        if run.stopped:
+            md, a, b = view(False)
+            yield "**Race stopped.**\n\n" + md.split("\n\n", 1)[1], a, b
+            return
+        yield view(True)

@@ -1,0 +1,72 @@
+"""The sampler view: the target's next-token law at a position, and what each filter keeps of it.
+
+`SamplerView` is a part of `Handlers`: it reads `gate` (the engine's narrow face), `sampler_top`
+and `encode`. The rows come from `Engine.sampler_rows` as plain values; a session keeps the last
+rows it drew, so a redraw at the same position and settings costs no forward.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import gradio as gr
+
+from specdec.verifier import ACCEPTANCE_RULES
+
+from . import plots
+from .gate import ModelGate
+from .session import Run, Session, Settings
+from .updates import user_error
+
+
+class SamplerView:
+    gate: ModelGate
+    sampler_top: int
+
+    @staticmethod
+    def temperature_control(acceptance) -> gr.Slider:
+        """The greedy rule ignores temperature, so its slider is greyed out."""
+        return gr.Slider(interactive=acceptance != "greedy",
+                         info="ignored: the greedy rule always takes the argmax" if acceptance == "greedy"
+                         else "0 = greedy; live: applies from the next round")
+
+    def sampler_view(self, prompt, temperature, top_k, top_p, min_p, acceptance, chat, session: Session):
+        """Update the live settings and redraw the sampler view. A running generation picks up the
+        new values at its next round; the rule only changes between runs."""
+        try:
+            live = session.live.with_live(temperature, top_k, top_p, min_p)
+            if not session.running:
+                live = Settings.validate(live.temperature, live.top_k, live.top_p, live.min_p,
+                                         live.max_new_tokens, live.seed, live.tree, acceptance, live.speculative,
+                                         live.lookup, live.lookup_mode)
+        except ValueError as e:
+            raise user_error(e) from None
+        session.live = live
+        view = replace(live, acceptance=acceptance if acceptance in ACCEPTANCE_RULES else live.acceptance)
+        run = session.run
+        if run is not None and run.events and run.prompt == prompt and run.chat == bool(chat):
+            return self._run_sampler(session, run, view)
+        try:
+            ids = self.encode(prompt, bool(chat))
+        except ValueError as e:
+            return plots.empty_figure(f"Sampler view: {e}", 320)
+        return self._sampler_figure(session, ids, view, "next token after the prompt")
+
+    def _sampler_figure(self, session: Session, ids: list[int], settings: Settings, note: str,
+                        emitted: int | None = None, emitted_prob: float | None = None):
+        params = settings.sampling_params()
+        key = (tuple(ids), tuple(sorted(params.to_dict().items())))
+        cache = session.sampler_cache
+        if cache is None or cache[0] != key:
+            cache = session.sampler_cache = (key, self.gate.sampler_rows(ids, params, self.sampler_top))
+        return plots.sampler_figure(cache[1], self.gate.token_text, params.to_dict(), len(ids), note, emitted,
+                                    emitted_prob)
+
+    def _run_sampler(self, session: Session, run: Run, settings: Settings):
+        """The sampler view at the run's newest token: the law it was drawn from, that token starred."""
+        last = next((t for ev in reversed(run.events) for t in reversed(ev.emitted)), None)
+        if last is None:
+            return self._sampler_figure(session, run.prompt_ids, settings, "next token after the prompt")
+        ids = run.prompt_ids + run.token_ids[:-1]
+        note = (f"where the run's token {len(run.token_ids)} was drawn; the sliders filter the next rounds"
+                if not run.done else f"where the run's last token ({len(run.token_ids)}) was drawn")
+        return self._sampler_figure(session, ids, settings, note, last.token_id, last.target_prob)

@@ -1,0 +1,143 @@
+"""components/handlers.py: Generate, Stop and Clear on the embedded model (no server)."""
+from __future__ import annotations
+
+import gradio as gr
+import plotly.graph_objects as go
+import pytest
+
+import specdec
+from components.handlers import Handlers
+from components.session import Session
+from conftest import CONTROLS, chat_loaded, race_controls
+
+
+def test_handler_generate_matches_the_library(handlers):
+    session = Session()
+    updates = list(handlers.generate("def fibonacci(n):", *CONTROLS.values(), session))
+    ref = specdec.generate(handlers.loaded, "def fibonacci(n):", max_new_tokens=10, tree="chain")
+    final = updates[-1][-1]
+    assert final["text"] == ref.text and final["finished"] == "length"
+    assert [u[-1]["round"] for u in updates[:-1]] == list(range(len(ref.rounds)))
+    assert isinstance(updates[-1][2], go.Figure) and isinstance(updates[-1][8], go.Figure)  # tree, sampler
+    assert session.run.done and len(session.run.events) == len(ref.rounds)
+    fig, info, event, _, style = handlers.show_round(1, session)
+    assert 'data-round="1"' in style
+    assert event["index"] == 1 and "Round 1" in info and "Round 1" in fig.layout.title.text
+    assert handlers.show_round(999, session)[2]["index"] == len(ref.rounds) - 1
+
+
+def test_handler_stop_and_live_tuning(handlers):
+    session = Session()
+    gen = handlers.generate("class Stack:", *{**CONTROLS, "max_new_tokens": 200}.values(), session)
+    first = next(gen)
+    assert first[-1]["round"] == 0
+    handlers.sampler_view("class Stack:", 1.5, 7, 0.9, 0.05, "lossless", False, session)
+    next(gen)
+    assert session.run.events[-1].params["temperature"] == 1.5
+    handlers.stop(session)
+    rest = list(gen)
+    assert rest[-1][-1]["finished"] == "stopped"
+    assert len(session.run.events) <= 3
+    assert "settings changed" in rest[-1][1]
+
+
+def test_handler_bad_inputs_raise_gr_error(handlers):
+    session = Session()
+    for prompt, change in (("", {}), ("   ", {}), ("x " * 200, {}), ("ok", {"top_p": 0.0}),
+                           ("ok", {"max_new_tokens": 10_000}), ("ok", {"tree": "nope"})):
+        with pytest.raises(gr.Error):
+            next(handlers.generate(prompt, *{**CONTROLS, **change}.values(), session))
+    assert session.run is None
+
+
+def test_fast_rounds_are_batched_into_fewer_updates(handlers):
+    batched = Handlers(handlers.loaded, figure_interval=60.0, text_interval=60.0)
+    updates = list(batched.generate("def f(x):", *{**CONTROLS, "max_new_tokens": 12}.values(), Session()))
+    assert len(updates) == 2  # the first round, then the final update with everything
+    assert updates[-1][-1]["new_tokens"] == 12 and updates[-1][0].count("sd-tok") == 12
+    assert isinstance(updates[0][2], go.Figure)  # figures come with the first update too
+
+
+def test_handler_lookup_settings_and_errors(handlers):
+    prompt = "def fibonacci(n):"
+    session = Session()
+    lookup_only = {**CONTROLS, "tree": "none", "lookup": 8, "lookup_mode": "merge", "max_new_tokens": 24}
+    final = list(handlers.generate(prompt, *lookup_only.values(), session))[-1]
+    ref = specdec.generate(handlers.loaded, prompt, max_new_tokens=24, tree="none", lookup=8, lookup_mode="merge")
+    assert final[-1]["text"] == ref.text
+    assert session.run.settings.lookup == 8 and session.run.settings.lookup_mode == "merge"
+    assert all(n.source != "heads" for ev in session.run.events for n in ev.nodes)  # tree "none": lookup only
+    assert "by prompt lookup" in final[1]
+    # plain decoding ignores prompt lookup
+    plain = list(handlers.generate(prompt, *{**lookup_only, "speculative": False, "lookup": 64}.values(),
+                                   session))[-1]
+    assert plain[-1]["text"] == ref.text and not any(ev.nodes for ev in session.run.events)
+    assert {k for ev in session.run.events for k in (t.kind for t in ev.emitted)} == {"baseline"}
+    for change, words in (({"lookup": 65}, "`lookup` must be an integer in [0, 64]"), ({"lookup": 1.5}, "must be an integer"),
+                          ({"lookup": "many"}, "`lookup` must be a number"),
+                          ({"lookup_mode": "both"}, "`lookup_mode` must be one of ('first', 'merge')"),
+                          ({"tree": "none", "lookup": 0}, "drafts nothing")):
+        with pytest.raises(gr.Error, match="lookup|drafts nothing") as err:
+            next(handlers.generate(prompt, *{**CONTROLS, **change}.values(), session))
+        assert words in err.value.message, (change, err.value.message)
+        with pytest.raises(gr.Error):
+            next(handlers.compare(prompt, *race_controls(**change), session))
+    # the tree "none" with speculation off needs no lookup
+    out = list(handlers.generate(prompt, *{**CONTROLS, "tree": "none", "lookup": 0, "speculative": False}.values(),
+                                 session))[-1]
+    assert out[-1]["new_tokens"] == 10
+    assert ("none (root only: prompt lookup drafts everything)", "none") in handlers.tree_choices
+
+
+def test_chat_checkbox_follows_the_template_and_wraps_the_prompt(handlers):
+    """#10: on by default with a chat template, greyed out without; its value reaches encode."""
+    from app import build_demo
+
+    def checkbox(loaded):
+        demo = build_demo(loaded)
+        return next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "chat")
+
+    plain = checkbox(handlers.loaded)  # the embedded model has no chat template
+    assert plain.value is False and plain.interactive is False
+    loaded = chat_loaded(handlers)
+    box = checkbox(loaded)
+    assert box.value is True and box.interactive is not False
+    h = Handlers(loaded, figure_interval=0.0, text_interval=0.0)
+    prompt = "write a loop"
+    wrapped = specdec.api.encode(loaded, prompt, chat=True)
+    assert wrapped != specdec.api.encode(loaded, prompt) and len(wrapped) > len(h.encode(prompt))
+    controls = {**CONTROLS, "tree": "none", "lookup": 4, "max_new_tokens": 4}
+    for chat, ids in ((True, wrapped), (False, h.encode(prompt))):
+        session = Session()
+        final = list(h.generate(prompt, *{**controls, "chat": chat}.values(), session))[-1]
+        assert session.run.prompt_ids == ids and final[-1]["new_tokens"] == 4
+    # Compare and the sampler view take it too
+    session = Session()
+    list(h.compare(prompt, *race_controls(tree="none", lookup=4, max_new_tokens=3, chat=True), session))
+    assert session.active is None
+    fig = h.sampler_view(prompt, 0.8, 5, 1.0, 0.0, "lossless", True, session)
+    assert f"Next token #{len(wrapped)}" in fig.layout.title.text
+    with pytest.raises(gr.Error, match="chat template"):
+        next(handlers.generate(prompt, *{**CONTROLS, "chat": True}.values(), Session()))
+
+
+def test_final_update_shows_the_most_instructive_round_and_the_sampler_follows(handlers):
+    from components.replay import instructive_round
+    session = Session()
+    updates = list(handlers.generate("def fibonacci(n):", *{**CONTROLS, "max_new_tokens": 24,
+                                                             "tree": "default"}.values(), session))
+    final = updates[-1]
+    best = instructive_round(session.run.events)
+    assert final[2].layout.title.text.startswith(f"Round {best}:") and f"**Round {best}**" in final[4]
+    assert f'data-round="{best}"' in final[9]
+    # the sampler view sits at the run's last token, starred
+    ids = session.run.token_ids
+    assert f"Next token #{len(session.run.prompt_ids) + len(ids) - 1}" in final[8].layout.title.text
+    assert any(t.startswith("★") for t in final[8].layout.yaxis.ticktext)
+    # after Clear it is back after the prompt
+    cleared = handlers.clear("def fibonacci(n):", 0.0, 0, 1.0, 0.0, "lossless", False, session)
+    assert "next token after the prompt" in cleared[8].layout.title.text
+    assert "generated text" not in cleared[8].layout.title.text
+    # the greedy rule greys out the temperature slider
+    assert Handlers.temperature_control("greedy").interactive is False
+    assert Handlers.temperature_control("lossless").interactive is True

@@ -1,0 +1,33 @@
+"""specdec/__main__.py: the `specdec` command; its errors are the request's own messages, exit status 2."""
+from __future__ import annotations
+
+import json
+
+from specdec.__main__ import main as cli
+
+
+def test_generate_prints_the_text_and_the_stats(capsys):
+    assert cli(["generate", "--prompt", "def f(x):", "--max-new-tokens", "6", "--lookup", "0"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("def f(x):") and "6 tokens" in err and "mean accepted length" in err
+
+
+def test_generate_json_is_the_full_result(capsys):
+    assert cli(["generate", "--prompt", "class A:", "--max-new-tokens", "5", "--json", "--no-speculation"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert len(res["token_ids"]) == 5 and res["stats"]["mean_accepted_length"] == 1.0
+    assert len(res["rounds"]) == 5
+
+
+def test_bad_values_are_the_requests_messages(capsys):
+    for args, words in ((["--lookup-mode", "both"], "`lookup_mode` must be one of"),
+                        (["--lookup", "99"], "`lookup` must be an integer in [0, 64]"),
+                        (["--acceptance", "fast"], "`acceptance` must be"),
+                        (["--max-new-tokens", "0"], "`max_new_tokens` must be an integer >= 1")):
+        assert cli(["generate", "--prompt", "x", *args]) == 2, args
+        assert words in capsys.readouterr().err, args
+
+
+def test_cli_chat_flag(capsys):
+    assert cli(["generate", "--prompt", "hi", "--chat", "--max-new-tokens", "4"]) == 2
+    assert "needs a chat template" in capsys.readouterr().err

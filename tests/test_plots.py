@@ -1,0 +1,214 @@
+"""components/plots.py: the draft-tree figure, the charts and the sampler view, from synthetic events."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specdec
+from components import plots
+from conftest import P0, by_name, lookup_event, plain_event, prefill_event, run_events, tree_event
+from specdec.stats import accepted_by_lookup, depth_counts, summarize
+
+
+def test_tree_figure_nodes_statuses_and_colours():
+    fig = plots.tree_figure(tree_event())
+    traces = by_name(fig)
+    expected = {"root (committed)": 1, "accepted": 2, "rejected": 2, "not reached": 2}
+    for name, count in expected.items():
+        assert len(traces[name].x) == count, name
+    assert traces["accepted"].marker.color == plots.STATUS_COLORS["accepted"]
+    assert traces["rejected"].marker.color == plots.STATUS_COLORS["rejected"]
+    assert traces["not reached"].marker.color == plots.STATUS_COLORS["not_reached"]
+    # node ids carried in the hover data, in status order
+    assert [c[7] for c in traces["accepted"].customdata] == [1, 4]
+    assert [c[7] for c in traces["rejected"].customdata] == [3, 5]
+    assert sum(len(t.x) for n, t in traces.items() if n in expected) == 7
+
+
+def test_tree_figure_edges_and_bold_accepted_path():
+    fig = plots.tree_figure(tree_event())
+    traces = by_name(fig)
+    edges, path = traces["draft edges"], traces["accepted path"]
+    assert list(edges.x).count(None) == 4  # 6 edges, 2 of them on the accepted path
+    assert list(path.x).count(None) == 2
+    assert path.line.width > edges.line.width
+    # the accepted path goes root (depth 0) -> depth 1 -> depth 2
+    assert [x for x in path.x if x is not None] == [0.0, 1.0, 1.0, 2.0]
+    # the correction hangs off the last accepted node, dashed
+    target = traces["target token (correction)"]
+    assert target.marker.color == plots.TARGET_COLORS["correction"]
+    assert target.x[0] == 3.0
+
+
+def test_tree_figure_hover_has_rank_and_probs_and_labels_are_escaped():
+    fig = plots.tree_figure(tree_event())
+    traces = by_name(fig)
+    nr = traces["not reached"]
+    i = [c[7] for c in nr.customdata].index(2)
+    assert nr.text[i] == "&lt;b&gt;"  # '<b>' must not become markup
+    assert nr.customdata[i][3] == 1  # rank
+    assert nr.customdata[i][4] == "0.2000" and nr.customdata[i][5] == "n/a"  # draft q, target p
+    assert "rank %{customdata[3]}" in nr.hovertemplate and "draft q" in nr.hovertemplate
+    acc = traces["accepted"]
+    assert acc.text[0] == "<b>␣fib</b>"  # accepted labels bold, whitespace made visible
+    assert "accepted 2 of 6 drafts" in fig.layout.title.text
+
+
+def test_tree_layout_centres_parents_between_children():
+    ev = tree_event()
+    xs, ys = plots.tree_layout(ev)
+    assert xs == [0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 2.0]
+    leaves = [3, 5, 6]
+    assert len({ys[i] for i in leaves}) == 3
+    assert ys[1] == pytest.approx((ys[3] + ys[4]) / 2)
+    assert ys[3] > ys[4]  # rank 0 above rank 1
+    xs2, ys2 = plots.tree_layout(ev, extra_child_of=4)  # the target's token gets a row of its own
+    assert xs2[-1] == 3.0 and len(set(ys2[i] for i in (3, 5, 6, 7))) == 4
+    assert ys2[4] == pytest.approx((ys2[5] + ys2[7]) / 2)
+
+
+def test_tree_figure_draws_prompt_lookup_nodes_apart():
+    ev = lookup_event()
+    fig = plots.tree_figure(ev)
+    lookup = [t for t in fig.data if t.name == "prompt lookup"]
+    legend, data = lookup  # a legend-only entry, then the nodes
+    assert legend.showlegend is not False and legend.x == (None,) and legend.marker.symbol == plots.LOOKUP_SYMBOL
+    assert data.showlegend is False and data.legendgroup == legend.legendgroup == "lookup"
+    assert [c[7] for c in data.customdata] == list(range(3, 11))
+    assert data.marker.symbol == plots.LOOKUP_SYMBOL and data.marker.line.color == plots.LOOKUP_COLOR
+    assert list(data.marker.color[:6]) == [plots.STATUS_COLORS["accepted"]] * 5 + [plots.STATUS_COLORS["rejected"]]
+    # hover: "prompt lookup" instead of a head and rank, q shown as "-"
+    assert "prompt lookup" in data.hovertemplate and "head" not in data.hovertemplate
+    assert data.customdata[0][2] == "prompt lookup" and data.customdata[0][4] == "-"
+    assert data.customdata[0][8] == "accepted" and data.customdata[6][8] == "not reached"
+    # the status traces keep the head drafts only
+    traces = by_name(fig)
+    assert [c[7] for c in traces["rejected"].customdata] == [1]
+    assert [c[7] for c in traces["not reached"].customdata] == [2]
+    assert "accepted" not in traces  # only lookup nodes were accepted
+    assert list(traces["lookup edges"].x).count(None) == 3  # chain edges off the accepted path
+    assert list(traces["accepted path"].x).count(None) == 5
+    assert "accepted 5 of 10 drafts<br><sup>(5 of 8 from prompt lookup)" in fig.layout.title.text
+    assert "squares = prompt lookup" in fig.layout.title.text
+    # deep trees: the axis reaches the chain's end and the correction after node 7, labels stay short
+    assert fig.layout.xaxis.range[1] >= 8.5 and fig.layout.xaxis.dtick == 1
+
+
+def test_tree_layout_puts_the_lookup_chain_on_top():
+    ev = lookup_event()
+    xs, ys = plots.tree_layout(ev)
+    assert xs[3:] == [float(d) for d in range(1, 9)]
+    assert ys[3] > ys[1] > ys[2]  # rank -1 (lookup) above rank 0 above rank 1
+    assert len(set(ys[i] for i in (1, 2, 10))) == 3 and len(set(ys[3:])) == 1  # the chain is one row
+    xs2, ys2 = plots.tree_layout(ev, extra_child_of=7)
+    assert xs2[-1] == 6.0 and ys2[-1] < ys2[8]  # the correction below the chain's next node
+
+
+def test_tree_figure_without_tree_says_why():
+    for ev, words in ((prefill_event(), "prefill"), (plain_event(3), "plain decoding"), (None, "Generate")):
+        fig = plots.tree_figure(ev)
+        assert not fig.data
+        assert words in fig.layout.annotations[0].text
+
+
+def test_label_escapes_and_truncates():
+    assert plots.label("<script>alert(1)</script>", 40) == "&lt;script&gt;alert(1)&lt;/script&gt;"
+    assert plots.label(" a\n") == "␣a↵"
+    assert plots.label("") == "∅"
+    assert plots.label("abcdefghijklmnop", 5) == "abcd…"
+
+
+def test_accepted_length_figure_stacks_drafts_and_target_token():
+    fig = plots.accepted_length_figure(run_events())
+    t = by_name(fig)
+    assert list(t["accepted drafts"].x) == [1, 2, 3]
+    assert list(t["accepted drafts"].y) == [2, 2, 2]
+    assert list(t["target token"].y) == [1, 1, 1]
+    assert "mean 3.00" in fig.layout.title.text and "n = 3 rounds" in fig.layout.title.text
+    # the settings change before round 3 is marked
+    vlines = [s for s in fig.layout.shapes if s.x0 == s.x1]
+    assert [s.x0 for s in vlines] == [2.5]
+
+
+def test_depth_acceptance_states_the_denominator():
+    rows = depth_counts(run_events()).rows()
+    assert [(r["depth"], r["accepted"], r["reached"]) for r in rows] == [(1, 3, 3), (2, 3, 3), (3, 0, 3)]
+    assert rows[2]["rate"] == 0 and rows[2]["given_prev"] == 0
+    fig = plots.depth_acceptance_figure(run_events())
+    assert list(fig.data[0].text) == ["3/3", "3/3", "0/3"]
+    assert "denominator" in fig.layout.title.text
+
+
+def test_throughput_and_empty_charts():
+    fig = plots.throughput_figure(run_events())
+    t = by_name(fig)
+    assert t["this round"].y[1] == pytest.approx(3 / 0.010)
+    assert t["cumulative"].y[-1] == pytest.approx(10 / 0.050)
+    for builder in (plots.accepted_length_figure, plots.depth_acceptance_figure, plots.throughput_figure):
+        assert not builder([]).data
+    assert not plots.depth_acceptance_figure([prefill_event(), plain_event(1)]).data
+
+
+def test_sampler_figure_greys_out_filtered_tokens():
+    rows = [{"token_id": 1, "prob": 0.5, "filtered_prob": 0.6, "removed_by": None},
+            {"token_id": 2, "prob": 0.3, "filtered_prob": 0.4, "removed_by": None},
+            {"token_id": 3, "prob": 0.1, "filtered_prob": 0.0, "removed_by": "top_p"},
+            {"token_id": 4, "prob": 0.05, "filtered_prob": 0.0, "removed_by": "min_p"}]
+    fig = plots.sampler_figure(rows, lambda i: {1: " a", 2: "<b", 3: "c", 4: "d"}[i], P0, 7)
+    t = by_name(fig)
+    assert list(t["kept"].y) == [0, 1] and t["kept"].marker.color == plots.KEPT_COLOR
+    assert list(t["filtered out"].y) == [2, 3] and t["filtered out"].marker.color == plots.REMOVED_COLOR
+    assert [c[4] for c in t["filtered out"].customdata] == ["removed by top-p", "removed by min-p"]
+    # horizontal bars: labels read left to right, no rotated ticks, no tag on every filtered bar
+    assert t["kept"].orientation == "h" and not t["filtered out"].text and fig.layout.xaxis.tickangle is None
+    assert list(fig.layout.yaxis.ticktext) == ["␣a", "&lt;b", "c", "d"]
+    assert "2 of top 4 kept" in fig.layout.title.text
+
+
+def test_sampler_figure_from_real_filter_stages():
+    from specdec.sampler import filter_stages
+    logits = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0, -1.0])
+    params = specdec.SamplingParams(temperature=1.0, top_k=3)
+    rows = filter_stages(logits, params, top=6)
+    fig = plots.sampler_figure(rows, str, params.to_dict(), 3)
+    assert len(by_name(fig)["kept"].x) == 3 and len(by_name(fig)["filtered out"].x) == 3
+
+
+def test_sampler_figure_stars_the_emitted_token():
+    rows = [{"token_id": 1, "prob": 0.5, "filtered_prob": 0.6, "removed_by": None},
+            {"token_id": 2, "prob": 0.3, "filtered_prob": 0.4, "removed_by": None}]
+    fig = plots.sampler_figure(rows, {1: " a", 2: "\n"}.get, P0, 7, emitted=2, emitted_prob=0.3)
+    assert list(fig.layout.yaxis.ticktext) == ["␣a", "★ ↵"]
+    assert by_name(fig)["kept"].marker.line.width == (0, 3)
+    assert "★ = the token the run drew here (p = 0.300)" in fig.layout.title.text
+    outside = plots.sampler_figure(rows, {1: " a", 2: "b", 9: "z"}.get, P0, 7, emitted=9)
+    assert "the run drew z" in outside.layout.title.text and "outside this top 2" in outside.layout.title.text
+
+
+def test_real_lookup_rounds_are_drawn_as_prompt_lookup(handlers):
+    engine = handlers.loaded.engine
+    ids = handlers.encode("def fibonacci(n):")
+    for mode in ("first", "merge"):
+        events = list(engine.stream(ids, 48, tree="default", lookup=10, lookup_mode=mode))
+        rounds = [ev for ev in events if any(n.source == "lookup" for n in ev.nodes)]
+        assert rounds, f"no round drafted by prompt lookup ({mode})"
+        ev = max(rounds, key=lambda e: len(e.nodes))
+        looked_up = [i for i, n in enumerate(ev.nodes) if n.source == "lookup"]
+        assert all(ev.nodes[i].rank == -1 and ev.nodes[i].draft_prob is None for i in looked_up)
+        fig = plots.tree_figure(ev)
+        data = [t for t in fig.data if t.name == "prompt lookup"][-1]
+        assert [c[7] for c in data.customdata] == looked_up
+        assert all(c[2] == "prompt lookup" and c[4] == "-" for c in data.customdata)
+        others = [c[7] for t in fig.data if t.name in plots.STATUS_NAMES.values() for c in t.customdata]
+        assert sorted(others + looked_up) == list(range(len(ev.nodes)))
+        assert "from prompt lookup" in fig.layout.title.text
+        xs, ys = plots.tree_layout(ev)
+        top = max(n.depth for n in ev.nodes)
+        assert top > 4 and fig.layout.xaxis.range[1] >= top + 0.5  # deeper than the heads' tree
+        first = looked_up[0]  # the chain's first node is its parent's top child
+        siblings = [i for i, n in enumerate(ev.nodes) if n.parent == ev.nodes[first].parent]
+        assert ys[first] == max(ys[i] for i in siblings)
+        if mode == "merge":
+            assert any(n.source == "heads" for n in ev.nodes)
+        assert sum(accepted_by_lookup(e) for e in events) > 0
+        assert summarize(events)["lookup_drafts"] > 0

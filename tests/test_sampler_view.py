@@ -1,0 +1,65 @@
+"""components/sampler_view.py: the sampler view, its cache, and its forwards under the model lock."""
+from __future__ import annotations
+
+import json
+
+import torch
+from components.handlers import Handlers
+from components.session import Session
+from conftest import CONTROLS, by_name, race_controls
+
+
+def test_sampler_view_filters_and_keeps_its_rows_as_plain_values(handlers):
+    session = Session()
+    fig = handlers.sampler_view("def f(x):", 0.8, 5, 1.0, 0.0, "lossless", False, session)
+    assert len(by_name(fig)["kept"].x) == 5
+    cached = session.sampler_cache
+    assert json.dumps(cached[1]) and not any(isinstance(v, torch.Tensor) for v in cached[0])  # no tensors kept
+    handlers.sampler_view("def f(x):", 0.8, 5, 1.0, 0.0, "lossless", False, session)
+    assert session.sampler_cache is cached  # same position, same settings: no second forward
+    fig = handlers.sampler_view("def f(x):", 0.8, 3, 1.0, 0.0, "lossless", False, session)
+    assert session.sampler_cache is not cached and len(by_name(fig)["kept"].x) == 3  # new settings, new rows
+    greedy = handlers.sampler_view("def f(x):", 0.8, 3, 1.0, 0.0, "greedy", False, session)
+    assert len(by_name(greedy)["kept"].x) == 1  # the greedy rule shows the argmax alone
+    assert not handlers.sampler_view("", 0.8, 3, 1.0, 0.0, "lossless", False, session).data
+
+
+def test_sampler_forwards_interleave_with_rounds_but_never_overlap(handlers, monkeypatch):
+    """#10: the sampler view's forward takes the same model lock as each generation round."""
+    import threading
+    import time
+
+    h = Handlers(handlers.loaded, figure_interval=0.0, text_interval=0.0)
+    target = h.loaded.engine.target
+    real = target.forward
+    state = {"inside": 0, "overlaps": 0, "calls": 0}
+    guard = threading.Lock()
+
+    def spy(*args, **kwargs):  # a forward that takes a while, so that overlaps would be seen
+        with guard:
+            state["inside"] += 1
+            state["calls"] += 1
+            state["overlaps"] += state["inside"] > 1
+        try:
+            time.sleep(0.005)
+            return real(*args, **kwargs)
+        finally:
+            with guard:
+                state["inside"] -= 1
+
+    monkeypatch.setattr(target, "forward", spy)
+    session = Session()
+    done = threading.Event()
+    runner = threading.Thread(target=lambda: (list(h.generate("def fibonacci(n):", *{**CONTROLS, "max_new_tokens": 40,
+                                                                                      "tree": "default"}.values(),
+                                                              session)), done.set()))
+    runner.start()
+    views = 0
+    while not done.is_set():
+        if session.run is not None and session.run.events:
+            session.sampler_cache = None  # force a fresh forward each time
+            h.sampler_view("def fibonacci(n):", 0.5, 5 + views % 3, 1.0, 0.0, "lossless", False, session)
+            views += 1
+    runner.join()
+    assert views >= 3 and state["calls"] > len(session.run.events) + 3  # sampler forwards ran during the run
+    assert state["overlaps"] == 0
