@@ -20,21 +20,24 @@ from __future__ import annotations
 
 import numbers
 import random
+import threading
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator
 
 import torch
 
+from . import cost as cost_mod
 from . import kv_cache
 from .detok import IncrementalDecoder
-from .draft_tree import Tree, candidates, graft_chain, merge_chain, resolve_tree
+from .draft_tree import PRESETS, Tree, build_tree, candidates, graft_chain, merge_chain, resolve_tree
 from .events import EmittedToken, RoundEvent, TreeNode
 from .heads import MedusaHeads
 from .lookup import NgramIndex
 from .request import LOOKUP_MODES, ROOT_ONLY, GenerationRequest, Plan
-from .sampler import SamplingParams
+from .sampler import SamplingParams, filter_stages, target_probs
 from .stopwatch import Stopwatch
 from .target import TargetModel
+from .tree_policy import DynamicTree, head_scores
 from .verifier import Verdict, verify, verify_greedy
 
 __all__ = ["Engine", "GenerationRequest", "LOOKUP_MODES", "default_eos"]
@@ -67,7 +70,13 @@ class Engine:
     """
 
     def __init__(self, target: TargetModel, heads: MedusaHeads | None, tokenizer=None,
-                 trained_tree=None, prefix_cache=None) -> None:
+                 trained_tree=None, prefix_cache=None, cost: cost_mod.CostModel | None = None,
+                 cost_cache: str | None = None) -> None:
+        """Args:
+            cost: the round-cost model the dynamic tree sizes itself by; None measures it on first
+                use (a couple of seconds), or reads it from `cost_cache`, a folder keyed by model,
+                device and dtype.
+        """
         self.target = target
         self.heads = heads
         self.tokenizer = tokenizer
@@ -75,6 +84,9 @@ class Engine:
         self.prefix_cache = prefix_cache
         self._text_memo: dict[int, str] = {}
         self.eos_token_ids = default_eos(tokenizer, target.model)
+        self._cost = cost
+        self._cost_cache = cost_cache
+        self._cost_lock = threading.Lock()
 
     # -- helpers -------------------------------------------------------------
     def token_text(self, token_id: int) -> str:
@@ -87,16 +99,65 @@ class Engine:
         return text
 
     def resolve_tree(self, tree) -> Tree:
+        """A static tree. For "auto" (dynamic), the static tree of these heads: trained, else default."""
         n = self.heads.config.num_heads if self.heads is not None else 4
         if tree == "auto":
             tree = "trained" if self.trained_tree else "default"
         return resolve_tree(tree, self.trained_tree, n)
+
+    def cost_model(self) -> cost_mod.CostModel:
+        """The measured round-cost model (measured once, on first use, unless given or cached)."""
+        with self._cost_lock:  # concurrent first requests measure once
+            if self._cost is None:
+                self._cost = cost_mod.load_or_measure(self, self._cost_cache)
+            return self._cost
+
+    def set_cost_model(self, model: cost_mod.CostModel) -> None:
+        """Use this cost model for later requests (a measured one from elsewhere, or a test's)."""
+        with self._cost_lock:
+            self._cost = model
+
+    def refresh_cost(self, events: Iterable[RoundEvent]) -> cost_mod.CostModel:
+        """Move the cost model toward these finished rounds' own timings (and save it where it is cached).
+
+        Later requests size their trees by the refreshed model; a running request keeps its own.
+        """
+        model = self.cost_model().refreshed(events)
+        with self._cost_lock:
+            self._cost = model
+        if self._cost_cache is not None:
+            cost_mod.save(model, cost_mod.Path(self._cost_cache) / f"cost-{model.key}.json")
+        return model
 
     def next_logits(self, prompt_ids) -> torch.Tensor:
         """The target's logits for the token after `prompt_ids`: one cache-free forward. -> [V] float32, CPU."""
         ids = GenerationRequest(prompt_ids, 1, speculative=False).plan(self).ids
         hidden = self.target.forward(torch.tensor(ids, dtype=torch.long), kv_cache.new_cache(self.target.model))
         return self.target.logits(hidden[-1]).cpu()  # [V]
+
+    # -- the narrow face a UI reads: plain values only -------------------------------
+    def info(self) -> dict:
+        """What this engine runs, as plain values: model, size, dtype, device, context, trees, heads, prefix cache."""
+        model = self.target.model
+        names = ((["trained"] if self.trained_tree else []) + list(PRESETS)) if self.heads is not None else []
+        cache = self.prefix_cache
+        return {
+            "model": getattr(model.config, "_name_or_path", "") or type(model).__name__,
+            "params": sum(p.numel() for p in model.parameters()),
+            "dtype": str(self.target.dtype).replace("torch.", ""),
+            "device": str(self.target.device),
+            "device_type": self.target.device.type,
+            "context": self.target.max_length,  # None: no limit known
+            "heads": self.heads.config.num_heads if self.heads is not None else 0,
+            "trees": {name: self.resolve_tree(name).num_nodes for name in names},  # static presets: nodes, root included
+            "prefix_cache": None if cache is None else {  # its budget, and how full and useful it is now
+                "max_bytes": cache.max_bytes, "bytes": cache.bytes, "hit_ratio": cache.hit_ratio},
+        }
+
+    def sampler_rows(self, prompt_ids, params: SamplingParams, top: int = 20) -> list[dict]:
+        """The sampler view after `prompt_ids`: the `top` likeliest tokens under temperature alone, each with its
+        probability before and after the filters and the filter that removed it (`filter_stages`, plain values)."""
+        return filter_stages(self.next_logits(prompt_ids), params, top)
 
     # -- the loop ------------------------------------------------------------
     def stream(self, request, *fields, on_round: RoundCallback | Iterable[RoundCallback] | None = None,
@@ -123,7 +184,7 @@ class Engine:
         while True:
             params = plan.get_params() if index else plan.first
             clock = Stopwatch()
-            draft = self._draft(run) if index else None  # round 0 drafts the prompt: the prefill
+            draft = self._draft(run, params) if index else None  # round 0 drafts the prompt: the prefill
             clock.lap("draft")
             hidden = self._forward(run, draft)
             clock.lap("forward")
@@ -131,6 +192,7 @@ class Engine:
             clock.lap("verify")
             emitted = self._commit(run, draft, verdict, hidden)
             clock.lap("cache")
+            self._learn(run, draft, verdict, params)
             ev = self._event(run, index, draft, verdict, emitted, params, clock)
             for cb in callbacks:
                 cb(ev)
@@ -144,7 +206,13 @@ class Engine:
         prompt, every new token and the largest tree, rounded up so shapes repeat across requests."""
         req, target = plan.request, self.target
         seed = plan.first.seed if plan.first.seed is not None else random.SystemRandom().randrange(2**62)
+        policy = None
+        if plan.dynamic:
+            k = self.heads.config.num_heads if self.heads is not None else 0
+            policy = DynamicTree(k, self.cost_model(), lookup=req.lookup)
         most_nodes = (plan.tree.num_nodes + req.lookup) if plan.tree is not None else 1
+        if policy is not None:
+            most_nodes = policy.max_nodes + req.lookup
         capacity = kv_cache.bucket(len(plan.ids) + req.max_new_tokens + most_nodes) if target.slots else None
         cache, hit = None, 0
         if self.prefix_cache is not None:
@@ -153,25 +221,60 @@ class Engine:
             cache, hit = kv_cache.new_cache(target.model, capacity), 0
         ngram = NgramIndex(plan.ids, req.lookup_ngram) if plan.tree is not None and req.lookup else None
         return _Run(plan, cache, hit, seed, torch.Generator(device=target.device).manual_seed(seed),
-                    IncrementalDecoder(self.tokenizer), ngram, limit=target.max_length or 1 << 62)
+                    IncrementalDecoder(self.tokenizer), ngram, limit=target.max_length or 1 << 62, policy=policy)
 
     # -- the four steps -----------------------------------------------------------
-    def _draft(self, run: "_Run") -> "Draft":
+    def _draft(self, run: "_Run", params: SamplingParams) -> "Draft":
         """Step 1: the round's tree and tokens: heads, prompt lookup, or the root alone (a plain round)."""
         plan, req = run.plan, run.plan.request
         # The root (pending) goes at position `committed`; a depth-d node at committed + d.
         room = min(req.max_new_tokens - run.produced - 1, run.limit - 1 - run.committed)
-        if plan.tree is None or room < 1:
-            return Draft(ROOT_ONLY, [run.pending], [None], drafted=False)
-        tree = plan.tree if plan.tree.max_depth <= room else plan.tree.truncated(room)
+        if plan.tree is None or room < 1:  # plain decoding, or the last token: nothing to draft
+            return Draft(ROOT_ONLY, [run.pending], [None], drafted=False,
+                         expected=1.0 if run.policy is not None else None)
         chain = run.ngram.propose(min(req.lookup, room)) if run.ngram is not None else []
+        if run.policy is not None:
+            return self._draft_dynamic(run, params, chain, room)
+        tree = plan.tree if plan.tree.max_depth <= room else plan.tree.truncated(room)
         if chain and req.lookup_mode == "first":
             tree = ROOT_ONLY  # the context repeats: skip the heads' cost this round
+        heads_ran = tree.num_nodes > 1
         tokens, q = self._fill(tree, run.pending, run.h_last)
         if chain:
             tree, tokens = self._graft(tree, tokens, chain)
             q += [None] * (len(tokens) - len(q))
-        return Draft(tree, tokens, q, drafted=True)
+        return Draft(tree, tokens, q, drafted=True, heads_ran=heads_ran)
+
+    def _draft_dynamic(self, run: "_Run", params: SamplingParams, chain: list[int], room: int) -> "Draft":
+        """Step 1 under the "auto" policy: score the heads' candidates, let the policy pick the tree."""
+        policy, scores, top = run.policy, None, None
+        if self.heads is not None and policy.wants_heads(len(chain), room, params.greedy):
+            with torch.inference_mode():
+                # Scored under the round's own filters: that is the law the target is verified with.
+                top_q, top_i, score = head_scores(self.heads(run.h_last)[:room], params)  # [D, k] each
+                host = torch.stack([top_q, score, top_i.float()]).tolist()  # one host sync; ids < 2**24 are exact
+            top, scores = (host[0], [[int(t) for t in row] for row in host[2]]), host[1]
+        if scores is None and not chain:  # the heads rest and nothing repeats: a plain round
+            return Draft(ROOT_ONLY, [run.pending], [None], drafted=False, expected=1.0)
+        choice = policy.choose(scores, len(chain), room, params.greedy)
+        tree = build_tree(choice.paths)
+        tokens, q, learn = [run.pending], [None], [None]
+        for p in tree.paths[1:]:  # BFS order: node i is paths[i]
+            d, r = len(p) - 1, p[-1]
+            tokens.append(top[1][d][r])
+            q.append(top[0][d][r])
+            learn.append(("heads", d, r, scores[d][r]))
+        chain = chain[: choice.chain]
+        if chain:
+            attach, rest = merge_chain(tree, tokens, chain)
+            if rest:
+                tree = graft_chain(tree.paths[1:], attach, len(rest))
+                tokens += rest
+                q += [None] * len(rest)
+                first = len(chain) - len(rest)  # chain positions the merged head nodes stood in for
+                learn += [("lookup", first + j) for j in range(len(rest))]
+        return Draft(tree, tokens, q, drafted=True, learn=tuple(learn), expected=choice.expected,
+                     heads_ran=scores is not None)
 
     def _forward(self, run: "_Run", draft: "Draft | None") -> torch.Tensor:
         """Step 2: one target forward of the round's nodes (round 0: the uncached prompt). -> [N, H]"""
@@ -224,6 +327,30 @@ class Engine:
             run.ngram.extend([e.token_id for e in emitted])
         return emitted
 
+    @staticmethod
+    def _learn(run: "_Run", draft: "Draft | None", verdict: Verdict, params: SamplingParams) -> None:
+        """The dynamic policy learns from the verdict: each drafted node whose parent was reached.
+
+        Its outcome is, greedy, whether it was the target's argmax; sampling, the target's filtered
+        p(token), the chance the lossless rule accepts it (known for the children it tried).
+        """
+        if run.policy is None or draft is None or not draft.drafted:
+            return
+        reached = set(verdict.accepted)
+        heads, lookup = [], []
+        for c in range(1, draft.tree.num_nodes):
+            if draft.tree.parent[c] not in reached:
+                continue
+            outcome = (1.0 if c in reached else 0.0) if params.greedy else verdict.target_prob.get(c)
+            if outcome is None:  # sampling stopped trying siblings after an earlier one was accepted
+                continue
+            kind = draft.learn[c]
+            if kind[0] == "heads":
+                heads.append((kind[1], kind[2], kind[3], outcome))
+            else:
+                lookup.append((kind[1], outcome))
+        run.policy.observe(params.greedy, heads, lookup, draft.tree.num_nodes, len(verdict.accepted), draft.heads_ran)
+
     def _event(self, run: "_Run", index: int, draft: "Draft | None", verdict: Verdict,
                emitted: tuple[EmittedToken, ...], params: SamplingParams, clock: Stopwatch) -> RoundEvent:
         drafted = draft is not None and draft.drafted
@@ -231,10 +358,12 @@ class Engine:
         path = verdict.accepted if draft is not None else ()
         clock.lap("event")  # building the node list counts as event time
         extra = {"seed": run.seed} if index == 0 else {}
+        if draft is not None and draft.heads_ran:
+            extra["heads_ran"] = True
         return RoundEvent(index, nodes, tuple(path), emitted, params.to_dict(), run.plan.rule(params),
                           run.plan.request.speculative, clock.total(), run.produced, run.finished,
                           prompt_tokens=len(run.plan.ids), prefix_cache_hit=run.hit if index == 0 else 0,
-                          extra=extra)
+                          extra=extra, expected_length=draft.expected if draft is not None else None)
 
     # -- pieces of the steps --------------------------------------------------
     def _fill(self, tree: Tree, pending: int, h_last: torch.Tensor) -> tuple[list[int], list[float | None]]:
@@ -303,6 +432,11 @@ class Draft:
     tokens: list[int]  # [N]
     q: list[float | None]  # [N]; None for the root and for prompt-lookup nodes (point-mass drafts)
     drafted: bool  # False for a plain round: the root alone, nothing proposed
+    # The dynamic policy's bookkeeping, per node: ("heads", depth, rank, score q) or ("lookup", chain
+    # position), None for the root; empty for static trees.
+    learn: tuple = ()
+    expected: float | None = None  # the policy's expected tokens this round
+    heads_ran: bool = False
 
 
 @dataclass
@@ -322,6 +456,7 @@ class _Run:
     h_last: torch.Tensor | None = None  # [H] hidden state of the last committed token
     produced: int = 0
     finished: str | None = None
+    policy: DynamicTree | None = None  # the "auto" tree policy's per-request state
 
 
 def _cut(tokens: tuple[EmittedToken, ...], produced: int, plan: Plan, committed: int, limit: int

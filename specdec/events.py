@@ -47,6 +47,7 @@ class RoundEvent:
     prompt_tokens: int = 0
     prefix_cache_hit: int = 0  # prompt tokens reused from the prefix cache (round 0 only)
     extra: dict = field(default_factory=dict)
+    expected_length: float | None = None  # the dynamic tree's expected tokens this round (None: static)
 
     @property
     def accepted_length(self) -> int:

@@ -39,8 +39,9 @@ class GenerationRequest:
     prompt_ids: [T] token ids (a list, a 1-D tensor, or a [1, T] tensor as tokenizers return it).
     max_new_tokens: tokens to generate at most (EOS can end it sooner).
     params: SamplingParams, or a callable read once per round (live tuning).
-    tree: a preset name ("auto", "trained", "chain", "small", "default", "mc_sim_7b_63", "none"),
-        rank paths, or a Tree.
+    tree: "auto" (the dynamic tree: each round's tree is grown from the heads' confidence and sized
+        by the measured cost of a forward; see tree_policy.py), a fixed preset ("trained", "chain",
+        "small", "default", "mc_sim_7b_63", "none"), rank paths, or a Tree.
     speculative: False decodes one token per target forward, the plain baseline.
     acceptance: "auto" (greedy at temperature 0, else lossless), "greedy" (argmax for every token,
         whatever the temperature), "lossless", or "typical" (Medusa's, lossy).
@@ -105,9 +106,10 @@ class GenerationRequest:
         if self.speculative and engine.heads is None and not self.lookup:
             raise ValueError("speculative decoding needs draft heads (load with heads=<path> or heads='random') "
                              "or prompt lookup (lookup >= 1)")
-        tree = None
+        tree, dynamic = None, False
         if self.speculative:
-            tree = engine.resolve_tree(self.tree) if engine.heads is not None else ROOT_ONLY
+            dynamic = isinstance(self.tree, str) and self.tree == "auto"
+            tree = engine.resolve_tree(self.tree) if engine.heads is not None and not dynamic else ROOT_ONLY
         get_params = self.params if callable(self.params) else (lambda p=self.params: p)
         first = get_params()  # round 0's params: a live source is read once per round, this one included
         if not isinstance(first, SamplingParams):
@@ -122,7 +124,7 @@ class GenerationRequest:
         if eos == "auto":
             eos = engine.eos_token_ids
         eos = frozenset([] if eos is None else [eos] if _is_int(eos) else eos)
-        return Plan(self, ids, tree, first, get_params, eos)
+        return Plan(self, ids, tree, first, get_params, eos, dynamic)
 
 
 @dataclass(frozen=True)
@@ -131,10 +133,11 @@ class Plan:
 
     request: GenerationRequest
     ids: list[int]
-    tree: Tree | None  # the full draft tree (None: plain decoding)
+    tree: Tree | None  # the full static draft tree (None: plain decoding; the root alone when dynamic)
     first: SamplingParams  # round 0's params (and its seed)
     get_params: Callable[[], SamplingParams]  # every later round's
     eos: frozenset[int]
+    dynamic: bool = False  # each round's tree comes from the dynamic policy ("auto")
 
     def rule(self, params: SamplingParams) -> str:
         """The acceptance rule of a round with these params ("plain" when not speculative)."""

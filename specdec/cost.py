@@ -1,0 +1,227 @@
+"""The measured cost of a round on this machine: what the dynamic tree trades acceptance against.
+
+A round with an N-node tree costs, in seconds,
+
+    T(N) = forward(N) + heads·[the heads ran] + overhead
+
+where forward(N) is one target forward over N nodes plus their vocabulary rows, heads is one
+forward of the draft heads (and their top-k), and overhead is everything else the round does on
+the host (tree buffers, verification walk, commit, event). None of these is assumed: `measure`
+times them on the loaded model in a couple of seconds, and `refreshed` folds in the running
+engine's own round timings. On a CPU forward(N) grows with N; on a GPU it is nearly flat up to
+tens of nodes, which is why the same policy drafts small trees on one and big trees on the other.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable
+
+import torch
+
+from . import kv_cache
+from .draft_tree import PRESETS, build_tree
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .events import RoundEvent
+
+NODE_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # where forward(N) is timed
+CONTEXT = 128  # committed tokens during measurement: a typical prompt plus some output
+REFRESH_WEIGHT = 0.25  # how far one refresh moves a figure toward the engine's own timings
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds per round as a function of tree size, for one model on one device and dtype."""
+
+    nodes: tuple[int, ...]  # measured node counts, ascending, nodes[0] == 1
+    forward_s: tuple[float, ...]  # target forward (+ vocabulary rows) at each count, nondecreasing
+    heads_s: float  # one heads forward and its top-k
+    overhead_s: float  # everything else in a round, per round
+    key: str = ""  # what it was measured for (model, device, dtype, threads)
+
+    def __post_init__(self) -> None:
+        if not self.nodes or self.nodes[0] != 1 or len(self.nodes) != len(self.forward_s):
+            raise ValueError("a CostModel needs forward times at ascending node counts starting at 1")
+
+    @property
+    def max_nodes(self) -> int:
+        return self.nodes[-1]
+
+    def forward(self, n: int) -> float:
+        """forward(n) in seconds: linear between measured counts, the last slope beyond them."""
+        xs, ys = self.nodes, self.forward_s
+        if n <= xs[0]:
+            return ys[0]
+        for i in range(1, len(xs)):
+            if n <= xs[i]:
+                w = (n - xs[i - 1]) / (xs[i] - xs[i - 1])
+                return ys[i - 1] + w * (ys[i] - ys[i - 1])
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+        return ys[-1] + slope * (n - xs[-1])
+
+    def round_time(self, n: int, heads: bool) -> float:
+        """T(n): one round drafting an n-node tree (n = 1 is a plain round), with or without the heads."""
+        return self.forward(n) + (self.heads_s if heads else 0.0) + self.overhead_s
+
+    def refreshed(self, events: Iterable["RoundEvent"], weight: float = REFRESH_WEIGHT) -> "CostModel":
+        """The model moved toward the timings of finished rounds (the engine's own, not a benchmark's).
+
+        Each measured node count takes the median forward time of rounds whose tree size rounds to
+        it; the heads and overhead figures take the medians of their steps. A round's `draft` lap
+        holds the heads when they ran; everything outside `forward` and `draft` is overhead.
+        """
+        by_n: dict[int, list[float]] = {}
+        heads, other = [], []
+        for ev in events:
+            if ev.index == 0 or "forward" not in ev.timings:
+                continue
+            n = max(len(ev.nodes), 1)
+            at = min(self.nodes, key=lambda x: abs(x - n))
+            by_n.setdefault(at, []).append(ev.timings["forward"] / 1e3)
+            if ev.extra.get("heads_ran"):
+                heads.append(ev.timings.get("draft", 0.0) / 1e3)
+            other.append((ev.timings["total"] - ev.timings["forward"] - ev.timings.get("draft", 0.0)) / 1e3)
+        blend = (lambda old, xs: old + weight * (statistics.median(xs) - old) if xs else old)
+        forward = [blend(y, by_n.get(x, [])) for x, y in zip(self.nodes, self.forward_s)]
+        for i in range(1, len(forward)):  # a bigger tree never costs less
+            forward[i] = max(forward[i], forward[i - 1])
+        return replace(self, forward_s=tuple(forward), heads_s=blend(self.heads_s, heads),
+                       overhead_s=blend(self.overhead_s, other))
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "CostModel":
+        d = json.loads(text)
+        return cls(tuple(d["nodes"]), tuple(d["forward_s"]), d["heads_s"], d["overhead_s"], d.get("key", ""))
+
+
+def model_key(engine: "Engine") -> str:
+    """What a cost depends on: the model's shape, the device, the dtype, threads, and the software."""
+    target = engine.target
+    cfg = target.model.config.to_json_string(use_diff=False)
+    device = target.device
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    heads = engine.heads.config if engine.heads is not None else None
+    raw = "|".join(map(str, (cfg, heads, device.type, where, target.dtype, torch.get_num_threads(),
+                             torch.__version__, os.cpu_count())))
+    return hashlib.sha1(raw.encode()).hexdigest()[:16]
+
+
+def load_or_measure(engine: "Engine", cache_dir: str | Path | None, budget_s: float = 2.0) -> CostModel:
+    """The cached cost model for this model + device + dtype, or a fresh measurement saved there."""
+    key = model_key(engine)
+    path = Path(cache_dir) / f"cost-{key}.json" if cache_dir is not None else None
+    if path is not None and path.is_file():
+        try:
+            model = CostModel.from_json(path.read_text())
+            if model.key == key:
+                return model
+        except (ValueError, KeyError, TypeError):
+            pass  # a stale or damaged file is measured again and overwritten
+    model = measure(engine, budget_s)
+    if path is not None:
+        save(model, path)
+    return model
+
+
+def save(model: CostModel, path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(model.to_json())
+        tmp.replace(path)  # atomic: a concurrent reader sees the old file or the new one
+    except OSError:
+        pass  # a read-only home only costs a re-measurement next load
+
+
+@torch.inference_mode()
+def measure(engine: "Engine", budget_s: float = 2.0, max_nodes: int = 64, reps: int = 5) -> CostModel:
+    """Time forward(N), the heads and the round overhead on the loaded model, within about `budget_s`.
+
+    Counts that the budget does not reach are extrapolated from the last measured slope.
+    """
+    target = engine.target
+    deadline = time.perf_counter() + budget_s
+    ctx = max(1, min(CONTEXT, (target.max_length or 1 << 30) - max_nodes - 2))
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, target.vocab_size, (ctx + max_nodes,), generator=gen)
+    cap = kv_cache.bucket(ctx + max_nodes + 1) if target.slots else None
+    cache = kv_cache.new_cache(target.model, cap)
+    target.forward(ids[:ctx], cache)
+    shape = PRESETS["default"]  # the node layout does not change the cost; its size does
+
+    def forward(n: int) -> None:
+        toks = ids[ctx : ctx + n]
+        if n == 1:
+            hidden = target.forward(toks, cache)
+        else:
+            tree = build_tree(shape[: n - 1])
+            hidden = target.forward(toks, cache, tree.ancestor_mask, tree.depth_t)
+        target.logits(hidden).argmax(-1).tolist()  # every row's argmax and one host sync, as greedy verify
+        kv_cache.keep_path(cache, ctx, [])
+
+    # Round-robin over the counts, `reps` times, keeping each count's fastest: another process
+    # busy on the same cores slows some calls, never speeds one up, so the minimum is the
+    # machine's own cost, and interleaving spreads a burst over every count alike.
+    counts = [n for n in NODE_COUNTS if n <= max_nodes]
+    best: dict[int, float] = {}
+    for rep in range(reps + 1):  # the first pass is the warm-up
+        for n in counts:
+            if rep > 1 and time.perf_counter() > deadline - 0.2 * budget_s:
+                break  # leave time for the heads and the overhead
+            start = _now()
+            forward(n)
+            if rep:
+                best[n] = min(best.get(n, float("inf")), _now() - start)
+    nodes = [n for n in counts if n in best]
+    times = [best[n] for n in nodes]
+    for i in range(1, len(times)):
+        times[i] = max(times[i], times[i - 1])  # timing noise must not make a bigger tree look cheaper
+    if nodes[-1] < max_nodes and len(nodes) > 1:  # extrapolate what the budget did not reach
+        slope = (times[-1] - times[-2]) / (nodes[-1] - nodes[-2])
+        nodes.append(max_nodes)
+        times.append(times[-1] + slope * (max_nodes - nodes[-2]))
+    heads_s = 0.0
+    if engine.heads is not None:
+        h = target.forward(ids[ctx : ctx + 1], cache)[-1]
+        kv_cache.keep_path(cache, ctx, [])
+        heads_s = _time(lambda: torch.topk(engine.heads(h).float().softmax(-1), 10, -1)[0].tolist(), reps)
+    overhead_s = _overhead(engine, ids[:16].tolist())
+    return CostModel(tuple(nodes), tuple(times), heads_s, overhead_s, model_key(engine))
+
+
+def _overhead(engine: "Engine", prompt: list[int]) -> float:
+    """The host time of a plain round outside its forward: the engine's own loop, measured."""
+    from .request import GenerationRequest  # the request module imports the engine's tree types
+
+    events = list(engine.stream(GenerationRequest(prompt, 12, speculative=False, eos_token_id=None)))
+    rest = sorted((e.timings["total"] - e.timings["forward"]) / 1e3 for e in events[2:])
+    return rest[len(rest) // 4] if rest else 0.0  # a low quantile, for the same reason as `measure`
+
+
+def _now() -> float:
+    """The host clock, after the device has finished what was queued."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def _time(fn, reps: int) -> float:
+    """The fastest of `reps` calls after one warm-up (see `measure` for why the minimum)."""
+    fn()
+    out = []
+    for _ in range(reps):
+        start = _now()
+        fn()
+        out.append(_now() - start)
+    return min(out)

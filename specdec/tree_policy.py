@@ -1,0 +1,310 @@
+"""The dynamic draft tree ("auto"): each round, the tree worth most accepted tokens per second.
+
+EAGLE-2 (Li et al., 2024) grows each round's tree from the draft's own confidence instead of
+using one static shape. specdec does the same from Medusa heads:
+
+1. score: a candidate node's chance of being accepted is the product, along its path, of
+   calibrated per-node estimates a_dr(q), where q is head d's probability for its rank-r token
+   under the round's own sampler settings (temperature, top-k, top-p, min-p: the filtered law
+   that the target is verified with), or the plain softmax when decoding greedily;
+2. calibrate: a_dr(q) = min(1, q * ratio[d, r][bin(q)]), where ratio tracks, with decay, what
+   verification actually gave for nodes with that score: for greedy, whether the node was the
+   target's argmax; for sampling, the target's filtered probability p(x) of the node's token,
+   which is exactly the chance that the lossless rule accepts it (Leviathan et al., q a point mass);
+3. grow: nodes are taken best-first (every factor is <= 1, so a child never beats its parent
+   and each prefix of the order is the best tree of its size). Prompt-lookup chain nodes are
+   candidates in the same order, with their own calibrated per-position estimate;
+4. size: the round keeps the prefix with the most expected tokens per second under the measured
+   `CostModel`, down to the root alone (a plain round) when nothing is worth drafting.
+
+When even the best tree does not pay for the heads' own forward, the heads rest for 1, 2, 4, ...
+rounds (lookup chains can still be drafted meanwhile) and are then tried again.
+
+Every choice is a function of committed tokens, the round's params and the policy's state,
+which only earlier rounds' verdicts update, so a round's tree never depends on its own random
+draws: greedy output and the sampled law are exactly those of plain decoding, for any tree.
+"""
+from __future__ import annotations
+
+import bisect
+import heapq
+from dataclasses import dataclass
+
+import torch
+
+from .cost import CostModel
+from .sampler import SamplingParams
+
+TOPK = 10  # candidates per head considered each round
+BIN_EDGES = (0.0, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8)  # lower edges of q bins: few, so each fills within a request
+PRIOR_WEIGHT = 1.0  # pseudo-observations behind the prior: a few rounds override it
+# The ratio of acceptance to score before any evidence. Heads distilled on a target's outputs are
+# overconfident about its *sampled* tokens (measured on the embedded model at T = 0.7 and 1.0:
+# 0.4-0.9, lower for confident heads) and about right, or under, for its argmax.
+PRIOR = {"greedy": 1.0, "sampled": 0.6}
+DECAY = 0.97  # per round: about 30 rounds of memory, so a slider change is learned quickly
+# A lookup token's acceptance before any evidence, by chain position: once one is accepted the
+# context is repeating, and later tokens are likelier (each estimate is conditional on its parent).
+# Measured on the embedded model: greedy 0.66 then 0.9; sampled 0.37 then 0.5-0.9 at T = 0.7,
+# 0.17 then 0.4-0.7 at T = 1.0.
+LOOKUP_PRIOR = {"greedy": (0.6, 0.9), "sampled": (0.3, 0.6)}
+RATE_WEIGHT = 0.3  # how fast the heads' running rate follows new rounds
+RANKS = 3  # calibration rows per head: rank 0, rank 1, ranks 2+ (a head's first guess is special)
+MIN_VALUE = 1e-4  # nodes less likely than this are never worth a slot
+MAX_BACKOFF = 32  # rounds the heads rest at most before they are tried again
+FIRST_REST = 2
+SCORE_PREFIX = 64  # tokens per head the filters are applied to when scoring
+
+
+def head_scores(logits: torch.Tensor, params: SamplingParams, k: int = TOPK
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each head's top-k candidates, their softmax q (shown in the UI) and their score.
+
+    The score is the candidate's probability under the round's filters (temperature, then top-k,
+    top-p and min-p, renormalised after each, as `sampler.filter_logits` does) applied to the
+    head's law, or q itself when decoding greedily. The filters see only each head's top
+    SCORE_PREFIX tokens: the full filter sorts the whole vocabulary when a law is flat (1 ms a
+    round on a CPU), and a score only has to rank and size the tree, not be sampled from. It is
+    exact whenever each cutoff falls inside the prefix; beyond it, the nucleus mass is taken as
+    top_p, its lower bound.
+
+    Args:
+        logits: [D, V] head logits.
+    Returns:
+        q [D, k] float32, token ids [D, k] long, score [D, k] float32.
+    """
+    x = logits.float()
+    m = min(SCORE_PREFIX, x.shape[-1])
+    k = min(k, m)
+    top_l, top_i = torch.topk(x, m, dim=-1)  # [D, m], descending
+    q = (top_l[:, :k] - torch.logsumexp(x, -1, keepdim=True)).exp()  # [D, k]
+    if params.greedy:
+        return q, top_i[:, :k], q
+    p = ((top_l - torch.logsumexp(x / params.temperature, -1, keepdim=True) * params.temperature)
+         / params.temperature).exp()  # [D, m] tempered law of the prefix
+    rank = torch.arange(m, device=x.device)
+    if 0 < params.top_k:
+        p = torch.where(rank < params.top_k, p, 0.0)
+        p = p / p.sum(-1, keepdim=True) if params.top_k <= m else p
+    if params.top_p < 1:
+        before = torch.cumsum(p, -1) - p  # [D, m] mass sorted before each token
+        kept = torch.where(before < params.top_p, p, 0.0)
+        p = kept / torch.maximum(kept.sum(-1, keepdim=True), torch.full_like(p[:, :1], params.top_p))
+    if params.min_p > 0:
+        kept = torch.where(p >= params.min_p * p[:, :1], p, 0.0)
+        p = kept / kept.sum(-1, keepdim=True).clamp_min(1e-30)
+    return q, top_i[:, :k], p[:, :k]
+
+
+# The prior's pseudo-observations, in each bin's own scale of q (its middle).
+_PRIOR_W = tuple(PRIOR_WEIGHT * (lo + hi) / 2 for lo, hi in zip(BIN_EDGES, BIN_EDGES[1:] + (1.0,)))
+
+
+class Calibrator:
+    """Per row (a head's depth and rank, or a chain position) and per bin of the draft score q:
+    how often verification agreed, relative to q.
+
+    estimate(row, q) = min(1, q * ratio), ratio = (sum of outcomes + w * prior) / (sum of q + w),
+    where w is PRIOR_WEIGHT observations at the bin's middle q. The prior of a row `stride` rows
+    below another (the same rank one head deeper) is that row's current ratio, so what the first
+    head taught carries to deeper heads before they were ever drafted; the first rows take the
+    fixed prior. Sums decay by DECAY each round, so estimates follow the text and the sliders.
+    """
+
+    def __init__(self, rows: int, prior: float | tuple[float, ...] = 1.0, stride: int = 0) -> None:
+        prior = prior if isinstance(prior, tuple) else (prior,)
+        self.prior = [prior[min(d, len(prior) - 1)] for d in range(rows)]  # [R]
+        self.stride = stride  # 0: every row has its fixed prior
+        self.outcome = [[0.0] * len(BIN_EDGES) for _ in range(rows)]  # [R, bins]
+        self.score = [[0.0] * len(BIN_EDGES) for _ in range(rows)]  # [R, bins]
+        self._ratios: list[list[float]] | None = None  # [R, bins], rebuilt after each observe
+
+    def ratios(self) -> list[list[float]]:
+        if self._ratios is None:
+            out: list[list[float]] = []
+            for i, (got, scored) in enumerate(zip(self.outcome, self.score)):
+                prior = out[i - self.stride] if self.stride and i >= self.stride else [self.prior[i]] * len(BIN_EDGES)
+                out.append([(o + w * p) / (sc + w) for o, sc, p, w in zip(got, scored, prior, _PRIOR_W)])
+            self._ratios = out
+        return self._ratios
+
+    def estimate(self, row: int, q: float) -> float:
+        return min(1.0, q * self.ratios()[row][bisect.bisect_right(BIN_EDGES, q) - 1])
+
+    def observe(self, seen: list[tuple[int, float, float]]) -> None:
+        """One round's (row, score q, outcome) triples; decays the old evidence first."""
+        for rows in (self.outcome, self.score):
+            for row in rows:
+                for b in range(len(row)):
+                    row[b] *= DECAY
+        for d, q, outcome in seen:
+            b = bisect.bisect_right(BIN_EDGES, q) - 1
+            self.outcome[d][b] += outcome
+            self.score[d][b] += q
+        self._ratios = None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One round's dynamic tree: head rank paths, how much of the lookup chain, and its worth."""
+
+    paths: tuple[tuple[int, ...], ...]  # head nodes as rank paths (root excluded), BFS order
+    chain: int  # lookup chain tokens to graft (0: none)
+    expected: float  # expected tokens this round: accepted drafts + the target's own token
+    seconds: float  # the cost model's time for this round
+
+
+class DynamicTree:
+    """One request's tree policy: calibration state and the heads' rest schedule.
+
+    Per request, not per engine: a request's trees depend only on its own history, so a seeded
+    sampled request reproduces however many others ran before or beside it.
+    """
+
+    def __init__(self, num_heads: int, cost: CostModel, max_nodes: int | None = None, lookup: int = 0) -> None:
+        self.cost = cost
+        self.max_nodes = min(max_nodes or cost.max_nodes, cost.max_nodes)
+        self.heads_cal = {m: Calibrator(num_heads * RANKS, PRIOR[m], stride=RANKS) for m in ("greedy", "sampled")}
+        self.lookup_cal = {m: Calibrator(max(lookup, 1), LOOKUP_PRIOR[m]) for m in ("greedy", "sampled")}
+        self.rest = 0  # rounds left before the heads run again
+        self.backoff = FIRST_REST
+        self.heads_rate: float | None = None  # running expected tokens/s of rounds that ran the heads
+
+    @staticmethod
+    def mode(greedy: bool) -> str:
+        return "greedy" if greedy else "sampled"
+
+    def wants_heads(self, chain: int, room: int, greedy: bool) -> bool:
+        """Whether this round should run the heads: not while they rest, nor when the lookup chain
+        alone is expected to be faster than the heads' recent rounds (their forward is then saved)."""
+        if self.rest > 0:
+            self.rest -= 1
+            return False
+        if chain and self.heads_rate is not None:
+            picks = _best_first([], self._lookup_estimates(chain, room, self.mode(greedy)), self.max_nodes - 1)
+            return self._best_prefix(picks)[1] < self.heads_rate
+        return True
+
+    def choose(self, q: list[list[float]] | None, chain: int, room: int, greedy: bool) -> Choice:
+        """The round's tree from the heads' scores and the lookup chain's length.
+
+        Args:
+            q: [D][TOPK] score of head d's rank-r candidate (None when the heads did not run).
+            chain: lookup chain tokens proposed this round (0: none).
+            room: the deepest a node may be (token and context limits).
+            greedy: the round's params decode greedily.
+        """
+        mode = self.mode(greedy)
+        acc = self._head_estimates(q, room, mode)
+        picks = _best_first(acc, self._lookup_estimates(chain, room, mode), self.max_nodes - 1)
+        heads_ran = q is not None
+        best, _ = self._best_prefix(picks)
+        if heads_ran and picks:
+            # Once the heads ran, draft at least their best node: a round without one teaches the
+            # calibration nothing, and a cold estimate could then never warm up.
+            best = max(best, 1)
+        taken = picks[:best]
+        paths = tuple(sorted((p for kind, p, _ in taken if kind == "heads"), key=lambda p: (len(p), p)))
+        n_chain = sum(1 for kind, _, _ in taken if kind == "lookup")
+        expected = 1.0 + sum(v for _, _, v in taken)
+        return Choice(paths, n_chain, expected, self.cost.round_time(best + 1, heads_ran))
+
+    def observe(self, greedy: bool, heads: list[tuple[int, int, float, float]], lookup: list[tuple[int, float]],
+                nodes: int, accepted: int, heads_ran: bool) -> None:
+        """Learn from a verdict: heads' (depth, rank, q, outcome) and lookup's (position, outcome).
+
+        The outcome of a drafted node whose parent was reached is, for greedy decoding, 1 if the
+        target's argmax was its token, else 0; for sampling, the target's filtered p(token).
+        `nodes` and `accepted` (tokens the round yielded) judge whether the heads pay their way.
+        """
+        if heads_ran:
+            self._rest_heads(nodes, accepted)
+        mode = self.mode(greedy)
+        self.heads_cal[mode].observe([(_row(d, r), q, o) for d, r, q, o in heads])
+        cal = self.lookup_cal[mode]
+        cal.observe([(min(j, len(cal.score) - 1), 1.0, o) for j, o in lookup])
+
+    # -- pieces -----------------------------------------------------------------
+    def _head_estimates(self, q, room: int, mode: str) -> list[list[float]]:
+        if q is None:
+            return []
+        cal = self.heads_cal[mode]
+        return [[cal.estimate(_row(d, r), x) for r, x in enumerate(row)] for d, row in enumerate(q[: min(len(q), room)])]
+
+    def _lookup_estimates(self, chain: int, room: int, mode: str) -> list[float]:
+        cal = self.lookup_cal[mode]
+        return [cal.estimate(min(j, len(cal.score) - 1), 1.0) for j in range(min(chain, room))]
+
+    def _best_prefix(self, picks: list[tuple[str, tuple, float]]) -> tuple[int, float]:
+        """How many picks to keep, and its rate: the most expected tokens per second (0 = a plain round).
+
+        The heads' own time is spent either way once they ran, so it does not count here.
+        """
+        best, best_rate, expected = 0, 1.0 / self.cost.round_time(1, False), 1.0
+        for i, (_, _, v) in enumerate(picks, start=1):
+            expected += v
+            rate = expected / self.cost.round_time(i + 1, False)
+            if rate > best_rate:
+                best, best_rate = i, rate
+        return best, best_rate
+
+    def _rest_heads(self, nodes: int, accepted: int) -> None:
+        """After a round that ran the heads: rest them while their rounds are no faster than plain ones.
+
+        Judged on what rounds with the heads actually yielded per second (a running average), not
+        on what they promised: the policy drafts exactly where its estimates are highest, which is
+        also where they are most often too high.
+        """
+        got = accepted / self.cost.round_time(nodes, True)
+        rate = self.heads_rate
+        self.heads_rate = got if rate is None else rate + RATE_WEIGHT * (got - rate)
+        plain = 1.0 / self.cost.round_time(1, False)
+        if got > plain or self.heads_rate > plain:  # one good probe is enough to bring them back
+            self.backoff = FIRST_REST
+        else:  # rest 2, 8, 32 rounds: a request of a few dozen rounds probes only a few times
+            self.rest, self.backoff = self.backoff, min(4 * self.backoff, MAX_BACKOFF)
+
+
+def _row(depth: int, rank: int) -> int:
+    return depth * RANKS + min(rank, RANKS - 1)
+
+
+def _best_first(acc: list[list[float]], lookup: list[float], budget: int) -> list[tuple[str, tuple, float]]:
+    """Up to `budget` nodes in best-first order: ("heads", rank path, value) or ("lookup", (j,), value).
+
+    A node's value is the product of the estimates along its path. Each head's candidates are
+    visited in order of their estimate (the first child and the next sibling are pushed when a node
+    is taken), so the heap holds O(budget) entries.
+    """
+    order = [sorted(range(len(row)), key=lambda r: -row[r]) for row in acc]  # ranks by estimate, per depth
+    heap: list[tuple[float, int, str, tuple, int, float]] = []  # (-value, tiebreak, kind, path, sibling, parent value)
+    tie = 0
+
+    def push(kind: str, path: tuple, parent_value: float, factor: float, sib: int) -> None:
+        nonlocal tie
+        if parent_value * factor >= MIN_VALUE:
+            heapq.heappush(heap, (-parent_value * factor, tie, kind, path, sib, parent_value))
+            tie += 1
+
+    if acc:
+        push("heads", (order[0][0],), 1.0, acc[0][order[0][0]], 0)
+    if lookup:
+        push("lookup", (0,), 1.0, lookup[0], 0)
+    out: list[tuple[str, tuple, float]] = []
+    while heap and len(out) < budget:
+        neg, _, kind, path, sib, parent_value = heapq.heappop(heap)
+        value = -neg
+        out.append((kind, path, value))
+        if kind == "lookup":
+            j = path[0] + 1
+            if j < len(lookup):
+                push("lookup", (j,), value, lookup[j], 0)
+            continue
+        d = len(path) - 1
+        if sib + 1 < len(order[d]):  # the next sibling: same parent, next-best rank
+            r = order[d][sib + 1]
+            push("heads", path[:-1] + (r,), parent_value, acc[d][r], sib + 1)
+        if d + 1 < len(acc):  # the first child: the next head's best rank
+            r = order[d + 1][0]
+            push("heads", path + (r,), value, acc[d + 1][r], 0)
+    return out
