@@ -189,17 +189,6 @@ def keep_path(cache: Cache, prefix_len: int, nodes: list[int]) -> None:
         cache.length = prefix_len + n  # the slots after it are garbage, hidden by the mask
 
 
-def crop(cache: Cache, new_len: int) -> None:
-    """Drop every entry after the first `new_len`."""
-    if isinstance(cache, SlotCache):
-        cache.length = min(cache.length, new_len)
-        return
-    for layer in _layers(cache):
-        if layer.keys is not None and layer.keys.numel():
-            layer.keys = layer.keys[..., :new_len, :]
-            layer.values = layer.values[..., :new_len, :]
-
-
 @torch.inference_mode()
 def snapshot(cache: Cache, upto: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Copies of the first `upto` entries of every layer (for the prefix cache)."""

@@ -38,7 +38,6 @@ class PrefixCache:
         self.bytes = 0
         self.lookups = 0
         self.hits = 0
-        self.hit_tokens = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -67,7 +66,6 @@ class PrefixCache:
             self._entries.move_to_end(best_key)
             entry = self._entries[best_key]
             self.hits += 1
-            self.hit_tokens += best_n
             return kv_cache.restore(model, entry.kv, best_n, capacity), best_n
 
     def insert(self, ids: list[int], cache) -> None:

@@ -35,12 +35,10 @@ def test_keep_path_gathers_the_accepted_entries(llama, nodes):
         assert layer.values[0, 0, :, 0].tolist() == [-w - 1000 * i for w in want]
 
 
-def test_crop_snapshot_restore(llama):
+def test_snapshot_restore(llama):
     cache = synthetic_cache(llama, 4, 6)
     saved = kv_cache.snapshot(cache, 8)
     assert kv_cache.nbytes(saved) == 2 * 2 * (1 * 2 * 8 * 8) * 4  # layers x (k, v) x elements x fp32
-    kv_cache.crop(cache, 3)
-    assert kv_cache.length(cache) == 3
     fresh = kv_cache.restore(llama, saved, 6)
     assert kv_cache.length(fresh) == 6
     assert fresh.layers[1].keys[0, 0, :, 0].tolist() == [1000.0 + t for t in range(6)]

@@ -214,10 +214,27 @@ def test_invalid_params_raise_naming_the_parameter(kwargs, name):
     assert repr(list(kwargs.values())[0]) in str(e.value) or "nan" in str(e.value)
 
 
-@pytest.mark.parametrize("kwargs", [dict(temperature=0.0), dict(top_k=0), dict(top_p=1.0), dict(min_p=0.0),
-                                    dict(min_p=1.0), dict(top_p=1e-9), dict(temperature=1e-6)])
-def test_edge_values_are_valid(kwargs):
-    SamplingParams(**kwargs)
+EDGE_ROW = torch.tensor([2.0, 1.0, 1.0, 0.5, -1.0, -3.0])  # token 0 on top, tokens 1 and 2 tied
+
+
+@pytest.mark.parametrize("kwargs,kept", [
+    (dict(top_k=0), 6), (dict(top_p=1.0), 6), (dict(min_p=0.0), 6),  # each filter's "off" value keeps everything
+    (dict(min_p=1.0), 1), (dict(top_p=1e-9), 1),  # the strictest values still keep the top token
+    (dict(top_k=2), 3),  # ties with the k-th are kept
+])
+def test_edge_values_are_accepted_and_do_what_they_say(kwargs, kept):
+    params = SamplingParams(temperature=1.0, **kwargs)
+    p = target_probs(EDGE_ROW, params)
+    assert int((p > 0).sum()) == kept and p[0] == p.max()
+    if kept == 6:  # off means off: the law is the plain softmax
+        torch.testing.assert_close(p, torch.softmax(EDGE_ROW, -1))
+
+
+def test_temperature_edges():
+    assert SamplingParams(temperature=0.0).greedy and not SamplingParams(temperature=1e-6).greedy
+    assert target_probs(EDGE_ROW, SamplingParams(temperature=1e-6))[0] == 1.0  # the limit is the argmax...
+    torch.testing.assert_close(target_probs(EDGE_ROW, SamplingParams()),  # ...which temperature 0 is exactly
+                               target_probs(EDGE_ROW, SamplingParams(temperature=1e-6)))
 
 
 @pytest.mark.parametrize("kwargs,name", [

@@ -4,9 +4,10 @@ from __future__ import annotations
 import json
 
 import torch
+
 from components.handlers import Handlers
 from components.session import Session
-from conftest import CONTROLS, by_name, race_controls
+from conftest import CONTROLS, by_name
 
 
 def test_sampler_view_filters_and_keeps_its_rows_as_plain_values(handlers):

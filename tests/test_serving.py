@@ -1,7 +1,6 @@
 """Serving: /metrics on a launched app, request outcomes, and a short load test (embedded model)."""
 from __future__ import annotations
 
-import socket
 import time
 
 import httpx

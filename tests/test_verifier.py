@@ -96,8 +96,19 @@ def test_invalid_rule_raises():
         verify(TOKENS, TREE, onehot_logits({}).__getitem__, SAMPLING, "speculative", None)
 
 
-def test_typical_is_labelled_lossy():
-    assert "typical" in LOSSY_RULES and "lossless" not in LOSSY_RULES and "greedy" not in LOSSY_RULES
+@pytest.mark.parametrize("rule", [r for r in ACCEPTANCE_RULES if r != "greedy"])  # the sampling rules
+def test_a_rule_is_labelled_lossy_exactly_when_it_changes_the_law(rule):
+    """One draft x with p(x) = 0.4: a lossless rule emits x 40% of the time (accepted, or drawn as the
+    correction); a lossy one does not, and LOSSY_RULES must say which is which."""
+    tree = build_tree(((0,),))
+    p = torch.tensor([0.05, 0.05, 0.4, 0.1, 0.1, 0.1, 0.1, 0.1])  # [V]; the draft is token 2
+    rows = [p.log(), torch.zeros(V)]
+    n, emitted_x = 2000, 0
+    for s in range(n):
+        v = verify([0, 2], tree, rows.__getitem__, SAMPLING, rule, torch.Generator().manual_seed(s))
+        emitted_x += v.accepted == (0, 1) or v.next_token == 2  # the first new token is x
+    freq = emitted_x / n
+    assert (abs(freq - 0.4) > 0.1) == (rule in LOSSY_RULES), (rule, freq)  # 0.1: over 9 standard errors
 
 
 def test_filters_apply_on_the_verification_path():

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from ..draft_tree import best_tree, expected_length
 from ..heads import HeadsConfig, MedusaHeads, target_dims
-from .distill import DistillConfig, Distilled, distill, eos_ids, pad_id
+from .distill import DistillConfig, distill, eos_ids, pad_id
 from .prompts import corpus_prompts
 
 __all__ = ["corpus_prompts", "train_heads", "head_losses", "head_accuracy", "measure_tau", "choose_tree"]
