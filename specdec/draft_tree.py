@@ -5,8 +5,8 @@ A tree is a list of paths of per-head top-k ranks, Medusa style:
 following it, and so on. Node 0 is the root: the token the target
 already chose last round. From the paths we build, once, every buffer a
 round needs: parents, depths (= position offsets), the ancestor mask for
-tree attention, indices into the flat candidate list, and one retrieve
-row per leaf path.
+tree attention, and indices into the flat candidate list. A dynamic tree
+is built every round, so building is vectorised (tens of microseconds).
 """
 from __future__ import annotations
 
@@ -32,7 +32,6 @@ class Tree:
     tree_indices: torch.Tensor  # [N] long, index into [root, head0 top-k, head1 top-k, ...]
     ancestor_mask: torch.Tensor  # [N, N] bool, node i may attend to node j
     depth_t: torch.Tensor  # [N] long, position offset of each node
-    retrieve_indices: torch.Tensor  # [L, D+1] long, node indices of each leaf path, -1 padded
     # Nodes grafted after the head nodes by prompt lookup (`graft_chain`): they have no rank
     # path, so `paths` lists the head nodes only and these come after them, in chain order.
     lookup: tuple[int, ...] = ()
@@ -71,7 +70,7 @@ def build_tree(paths: tuple[Path, ...]) -> Tree:
     return _build(_validate(paths))
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=1024)
 def _build(body: tuple[Path, ...]) -> Tree:
     nodes: tuple[Path, ...] = ((),) + body
     index = {p: i for i, p in enumerate(nodes)}
@@ -89,33 +88,23 @@ def _build(body: tuple[Path, ...]) -> Tree:
     for k in topk:
         offsets.append(offsets[-1] + k)
     tree_indices = torch.tensor([0] + [offsets[len(p) - 1] + p[-1] for p in body], dtype=torch.long)
-    mask, retrieve = _mask_and_retrieve(parent, children)
-    return Tree(nodes, parent, depth, rank, children, topk, tree_indices, mask,
-                torch.tensor(depth, dtype=torch.long), retrieve)
+    return Tree(nodes, parent, depth, rank, children, topk, tree_indices, _ancestor_mask(parent, D),
+                torch.tensor(depth, dtype=torch.long))
 
 
-def _mask_and_retrieve(parent: tuple[int, ...], children) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, N] ancestor mask (a node sees itself and its ancestors) and [L, D+1] leaf paths."""
+def _ancestor_mask(parent: tuple[int, ...], max_depth: int) -> torch.Tensor:
+    """[N, N] bool: node i sees itself and its ancestors. One vector step per level, not per node."""
     N = len(parent)
-    chains = []
-    for i in range(N):
-        chain, j = [], i
-        while j != -1:  # walk to the root
-            chain.append(j)
-            j = parent[j]
-        chains.append(chain[::-1])
-    mask = torch.zeros(N, N, dtype=torch.bool)
-    for i, chain in enumerate(chains):
-        mask[i, chain] = True
-    leaves = [i for i in range(N) if not children[i]]
-    D = max(len(c) for c in chains) - 1
-    retrieve = torch.full((len(leaves), D + 1), -1, dtype=torch.long)
-    for row, leaf in enumerate(leaves):
-        retrieve[row, : len(chains[leaf])] = torch.tensor(chains[leaf])
-    return mask, retrieve
+    up = torch.tensor(parent, dtype=torch.long).clamp_min(0)  # [N]; the root is its own parent
+    mask = torch.eye(N, dtype=torch.bool)
+    rows, node = torch.arange(N), torch.arange(N)
+    for _ in range(max_depth):
+        node = up[node]  # every node's ancestor one level higher (the root stays the root)
+        mask[rows, node] = True
+    return mask
 
 
-@lru_cache(maxsize=512)
+@lru_cache(maxsize=1024)
 def graft_chain(paths: tuple[Path, ...], attach: int, length: int) -> Tree:
     """`build_tree(paths)` (root excluded, as there) plus a chain of `length` lookup nodes below node `attach`.
 
@@ -134,9 +123,9 @@ def graft_chain(paths: tuple[Path, ...], attach: int, length: int) -> Tree:
     kids = [list(c) for c in base.children] + [[N + k + 1] for k in range(length - 1)] + [[]]
     kids[attach].insert(0, N)
     children = tuple(tuple(c) for c in kids)
-    mask, retrieve = _mask_and_retrieve(parent, children)
-    return Tree(base.paths, parent, depth, rank, children, base.topk, base.tree_indices, mask,
-                torch.tensor(depth, dtype=torch.long), retrieve, tuple(range(N, N + length)))
+    return Tree(base.paths, parent, depth, rank, children, base.topk, base.tree_indices,
+                _ancestor_mask(parent, max(depth)), torch.tensor(depth, dtype=torch.long),
+                tuple(range(N, N + length)))
 
 
 def merge_chain(tree: Tree, tokens: list[int], chain: list[int]) -> tuple[int, list[int]]:

@@ -52,11 +52,9 @@ def test_hand_tree_ancestor_mask(hand):
     assert torch.equal(hand.ancestor_mask, want)
 
 
-def test_hand_tree_indices_and_retrieve(hand):
+def test_hand_tree_indices(hand):
     # flat candidates: [root, h0 r0, h0 r1, h1 r0, h1 r1, h2 r0]
     assert hand.tree_indices.tolist() == [0, 1, 2, 3, 4, 3, 5]
-    # one row per leaf (4, 5, 6), root first, -1 padded to depth + 1
-    assert hand.retrieve_indices.tolist() == [[0, 1, 4, -1], [0, 2, 5, -1], [0, 1, 3, 6]]
 
 
 def test_candidates_fill_the_tree_from_each_heads_topk(hand):
@@ -111,7 +109,7 @@ def test_chain_preset_has_depth_K(K):
     assert t.paths == tuple((0,) * d for d in range(K + 1))
     assert t.max_depth == K and t.num_nodes == K + 1
     assert t.children[K] == () and all(t.children[d] == (d + 1,) for d in range(K))
-    assert t.retrieve_indices.tolist() == [list(range(K + 1))]
+    assert torch.equal(t.ancestor_mask, torch.ones(K + 1, K + 1, dtype=torch.bool).tril())
 
 
 def test_small_and_default_presets():
@@ -124,7 +122,6 @@ def test_small_and_default_presets():
         assert t.paths[0] == ()
         # every non-root node's parent is in the tree, BFS order (parent index < child index)
         assert all(0 <= t.parent[i] < i for i in range(1, t.num_nodes))
-        assert t.retrieve_indices.shape[1] == t.max_depth + 1
         assert resolve_tree("default" if t is default else "small").paths == t.paths
 
 

@@ -1,6 +1,8 @@
 """specdec/lookup.py: the n-gram index and its proposals, and exactness through the engine (grafting: test_draft_tree.py)."""
 from __future__ import annotations
 
+import dataclasses
+
 import random
 
 import pytest
@@ -133,8 +135,7 @@ def test_negative_control_blind_graft_mask_is_caught(repetitive, monkeypatch):
         for i in t.lookup:
             mask[i] = False
             mask[i, i] = True
-        return draft_tree_mod.Tree(t.paths, t.parent, t.depth, t.rank, t.children, t.topk, t.tree_indices,
-                                   mask, t.depth_t, t.retrieve_indices, t.lookup)
+        return dataclasses.replace(t, ancestor_mask=mask)
 
     import specdec.engine as engine_mod
     monkeypatch.setattr(engine_mod, "graft_chain", blind)
