@@ -34,7 +34,7 @@ from .events import EmittedToken, RoundEvent, TreeNode
 from .heads import MedusaHeads
 from .lookup import NgramIndex
 from .request import LOOKUP_MODES, ROOT_ONLY, GenerationRequest, Plan
-from .sampler import SamplingParams, filter_stages, target_probs
+from .sampler import SamplingParams, filter_stages
 from .stopwatch import Stopwatch
 from .target import TargetModel
 from .tree_policy import DynamicTree, head_scores

@@ -116,7 +116,8 @@ def test_five_head_medusa_checkpoint_runs_with_mc_sim_7b_63_and_stays_exact(mode
     write_fasterdecoding(tmp_path / "ckpt", synthetic(num_heads=5, num_layers=1))
     loaded = specdec.load(model, heads=str(tmp_path / "ckpt"))
     assert loaded.tree_paths == list(MC_SIM_7B_63)
-    out = specdec.generate(loaded, prompt_ids=PROMPTS[1], max_new_tokens=24, eos_token_id=None, lookup=0)
+    out = specdec.generate(loaded, prompt_ids=PROMPTS[1], max_new_tokens=24, eos_token_id=None, lookup=0,
+                           tree="trained")
     assert len(out.rounds[1].nodes) == 64  # the 63-node tree plus the root (later rounds near the end are cut)
     assert out.token_ids == hf_greedy(model, PROMPTS[1], 24)
 

@@ -64,7 +64,7 @@ def test_vicuna_style_model_with_fasterdecoding_heads(tmp_path, monkeypatch):
         assert final["text"] == plain.text  # greedy through the Medusa tree: the plain greedy text
     finally:
         demo.close()
-    ev = specdec.generate(loaded, "def fib(n):", max_new_tokens=24, lookup=0).rounds[1]
+    ev = specdec.generate(loaded, "def fib(n):", max_new_tokens=24, lookup=0, tree="trained").rounds[1]
     assert len(ev.nodes) == 64  # Medusa's 63-node tree and the root
 
 

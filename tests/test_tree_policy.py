@@ -264,6 +264,7 @@ def dynamic_counts(model, n: int, seed0: int) -> tuple[np.ndarray, set[tuple[int
     return counts, sizes
 
 
+@pytest.mark.slow
 def test_dynamic_tree_is_lossless(small_model, joint_after_two):
     counts, sizes = dynamic_counts(small_model, N_DYNAMIC, seed0=30_000)
     assert len({s[1:] for s in sizes}) >= 3, f"round 2's tree must vary with the sampled history, got {sizes}"
@@ -273,6 +274,7 @@ def test_dynamic_tree_is_lossless(small_model, joint_after_two):
     assert p > PASS_P
 
 
+@pytest.mark.slow
 def test_dynamic_tree_negative_control_accepts_first_children(small_model, joint_after_two, monkeypatch):
     """A planted bug: every drafted node on the first-child path is accepted without the test."""
     real = verifier_mod.verify
