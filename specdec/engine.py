@@ -278,8 +278,9 @@ class Engine:
 
     def _forward(self, run: "_Run", draft: "Draft | None") -> torch.Tensor:
         """Step 2: one target forward of the round's nodes (round 0: the uncached prompt). -> [N, H]"""
-        if draft is None:
-            hidden = self.target.forward(torch.tensor(run.plan.ids[run.hit:], dtype=torch.long), run.cache)
+        if draft is None:  # what the prefix cache (or a chunked prefill) has not already put in the buffer
+            start = kv_cache.length(run.cache)
+            hidden = self.target.forward(torch.tensor(run.plan.ids[start:], dtype=torch.long), run.cache)
             if self.prefix_cache is not None:
                 self.prefix_cache.insert(run.plan.ids, run.cache)
             return hidden[-1:]  # only the last position's row is verified

@@ -125,6 +125,146 @@ class SlotCache(Cache):
         return self.capacity if self.fixed_shapes else self.length + new_tokens
 
 
+class _RowsLayer(CacheLayerMixin):
+    """One layer's keys and values for a batch of rows, [R, kv_heads, capacity, head_dim].
+
+    A forward covers the rows [lo, hi) (a view, no copy) and writes each row's T entries at that
+    row's own slots [start_b, start_b + T); the 4D mask hides every slot a row has not committed.
+    """
+
+    is_compileable = False
+
+    def __init__(self, owner: "BatchCache") -> None:
+        super().__init__()
+        self.owner = owner
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        _, Hk, _, D = key_states.shape
+        R, cap = self.owner.rows, self.owner.capacity
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys = torch.zeros(R, Hk, cap, D, dtype=key_states.dtype, device=key_states.device)
+        self.values = torch.zeros(R, Hk, cap, value_states.shape[-1], dtype=value_states.dtype,
+                                  device=value_states.device)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        o = self.owner
+        b, Hk, T, D = key_states.shape  # [b, Hk, T, D]
+        slots = o.slots(T, key_states.device)  # [b, T]
+        keys, values = self.keys[o.lo : o.lo + b], self.values[o.lo : o.lo + b]  # views of the rows in this forward
+        keys.scatter_(2, slots[:, None, :, None].expand(b, Hk, T, D), key_states)
+        values.scatter_(2, slots[:, None, :, None].expand(b, Hk, T, value_states.shape[-1]), value_states)
+        return keys[:, :, : o.width], values[:, :, : o.width]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.width, 0
+
+    def get_seq_length(self) -> int:
+        return min(self.owner.starts, default=0)
+
+    def get_max_length(self) -> int:
+        return self.owner.capacity
+
+
+class BatchCache(Cache):
+    """The position-addressed KV buffer of a batch: `rows` requests, one committed length per row.
+
+    Row r's slots [0, lengths[r]) hold its committed tokens in order, as a SlotCache's do. A
+    batched forward covers a contiguous range of rows (`begin`), each writing its tree at its own
+    length; `keep_path` then commits each row's accepted path on its own (one `index_copy_` per
+    layer, in that row only). A request holds a `RowCache`, its view of one row.
+    """
+
+    def __init__(self, num_layers: int, rows: int, capacity: int, fixed_shapes: bool = True) -> None:
+        self.rows = int(rows)
+        self.capacity = int(capacity)
+        self.lengths = [0] * self.rows
+        self.fixed_shapes = fixed_shapes  # attend over the whole buffer (CUDA graphs), or the slots in use
+        self.lo, self.starts, self.width = 0, [], 0  # the forward in progress: set by `begin`
+        self._slots: torch.Tensor | None = None
+        super().__init__(layers=[_RowsLayer(self) for _ in range(num_layers)])
+
+    def begin(self, lo: int, count: int, new_tokens: int) -> int:
+        """Set up a forward of `new_tokens` per row over rows [lo, lo + count); returns the key width."""
+        assert 0 <= lo and lo + count <= self.rows
+        self.lo, self.starts = lo, self.lengths[lo : lo + count]
+        end = max(self.starts) + new_tokens
+        assert end <= self.capacity, f"KV buffer overflow: {end} slots > capacity {self.capacity}"
+        self.width = self.capacity if self.fixed_shapes else end
+        self._slots = None
+        return self.width
+
+    def slots(self, new_tokens: int, device) -> torch.Tensor:
+        """[b, T] the slot each row's new tokens are written at (built once per forward)."""
+        if self._slots is None:
+            start = torch.tensor(self.starts, device=device)
+            self._slots = start[:, None] + torch.arange(new_tokens, device=device)
+        return self._slots
+
+    @property
+    def allocated(self) -> bool:
+        return bool(self.layers) and self.layers[0].is_initialized
+
+    @torch.inference_mode()
+    def grow(self, capacity: int) -> None:
+        """Make room for `capacity` slots per row (the committed slots move along; rare: capacities are bucketed)."""
+        if capacity <= self.capacity:
+            return
+        for layer in self.layers:
+            if layer.is_initialized:
+                pad = capacity - self.capacity
+                layer.keys = torch.cat([layer.keys, layer.keys.new_zeros(*layer.keys.shape[:2], pad,
+                                                                         layer.keys.shape[-1])], 2)
+                layer.values = torch.cat([layer.values, layer.values.new_zeros(*layer.values.shape[:2], pad,
+                                                                               layer.values.shape[-1])], 2)
+        self.capacity = capacity
+
+    @torch.inference_mode()
+    def adopt(self, row: int, cache: Cache) -> None:
+        """Copy a request's own committed KV (a SlotCache after its prefill) into `row`."""
+        n = length(cache)
+        assert n <= self.capacity, f"{n} committed slots do not fit a capacity of {self.capacity}"
+        for mine, theirs in zip(self.layers, _layers(cache)):
+            if not mine.is_initialized:
+                mine.lazy_initialization(theirs.keys, theirs.values)
+            mine.keys[row, :, :n] = theirs.keys[0, :, :n]
+            mine.values[row, :, :n] = theirs.values[0, :, :n]
+        self.lengths[row] = n
+
+    @torch.inference_mode()
+    def move(self, src: int, dst: int) -> None:
+        """Copy row `src`'s committed slots to row `dst` (a leaving request's row is refilled from the last one)."""
+        n = self.lengths[src]
+        for layer in self.layers:
+            if layer.is_initialized:
+                layer.keys[dst, :, :n] = layer.keys[src, :, :n]
+                layer.values[dst, :, :n] = layer.values[src, :, :n]
+        self.lengths[dst] = n
+
+    @torch.inference_mode()
+    def clear(self, row: int) -> None:
+        """Zero a row: after a failure its stale slots may hold NaN, which a masked score (NaN + min) would spread."""
+        for layer in self.layers:
+            if layer.is_initialized:
+                layer.keys[row].zero_()
+                layer.values[row].zero_()
+        self.lengths[row] = 0
+
+
+@dataclass
+class RowCache:
+    """One request's view of its row of a BatchCache (`row` changes when the batch is compacted)."""
+
+    batch: BatchCache
+    row: int
+
+    @property
+    def length(self) -> int:
+        return self.batch.lengths[self.row]
+
+
 def bucket(n: int, step: int = 64) -> int:
     """Round a capacity up so that buffer and mask shapes repeat across requests."""
     return -(-n // step) * step
@@ -147,7 +287,7 @@ def _layers(cache: Cache):
 
 def length(cache: Cache) -> int:
     """Committed tokens (for a DynamicCache, every token it holds)."""
-    return cache.length if isinstance(cache, SlotCache) else int(cache.get_seq_length())
+    return cache.length if isinstance(cache, (SlotCache, RowCache)) else int(cache.get_seq_length())
 
 
 def mask_width(cache: Cache, new_tokens: int) -> int:
@@ -172,6 +312,17 @@ def keep_path(cache: Cache, prefix_len: int, nodes: list[int]) -> None:
     n = len(nodes)
     contiguous = nodes == list(range(n))
     idx = dest = None
+    if isinstance(cache, RowCache):  # one row of a batch: the same gather, in that row only
+        for layer in _layers(cache.batch):
+            if not contiguous and layer.is_initialized:
+                if idx is None:
+                    idx = torch.tensor(nodes, device=layer.keys.device) + prefix_len
+                    dest = torch.arange(prefix_len, prefix_len + n, device=layer.keys.device)
+                row_k, row_v = layer.keys[cache.row], layer.values[cache.row]  # [Hk, capacity, D] views
+                row_k.index_copy_(1, dest, row_k.index_select(1, idx))
+                row_v.index_copy_(1, dest, row_v.index_select(1, idx))
+        cache.batch.lengths[cache.row] = prefix_len + n
+        return
     for layer in _layers(cache):
         if layer.keys is None or layer.keys.numel() == 0:
             continue

@@ -120,6 +120,34 @@ class TargetModel:
         return ok
 
     @torch.inference_mode()
+    def rows_work(self) -> tuple[bool, str]:
+        """Can this model run a batch of requests in the rows of one KV buffer (`forward_rows`)?
+
+        Two requests of different lengths, one with a two-node tree, must give the hidden states of
+        cache-free forwards of each; -> (ok, why not).
+        """
+        ids = ((torch.arange(7) * 5 + 2) % self.vocab_size).tolist()
+        try:
+            L = self.model.config.get_text_config(decoder=True).num_hidden_layers
+            batch = kv_cache.BatchCache(L, 2, 16, fixed_shapes=self.device.type == "cuda")
+            for row, n in enumerate((4, 2)):
+                solo = kv_cache.new_cache(self.model, capacity=16)
+                self.forward(torch.tensor(ids[:n]), solo)
+                batch.adopt(row, solo)
+            tree = (torch.tensor([[True, False, False], [True, True, False], [True, False, True]]),
+                    torch.tensor([0, 1, 1]))
+            got = self.forward_rows(batch, 0, [ids[4:5], ids[2:5]], [None, tree])
+            want = [self.base(input_ids=torch.tensor([ids[:5]], device=self.device), use_cache=False),
+                    self.base(input_ids=torch.tensor([ids[:4], ids[:3] + ids[4:5]], device=self.device),
+                              use_cache=False)]
+            pairs = [(got[0, 0], want[0].last_hidden_state[0, 4]), (got[1, 1], want[1].last_hidden_state[0, 3]),
+                     (got[1, 2], want[1].last_hidden_state[1, 3])]
+            ok = all(bool((g - w).float().norm() <= 1e-2 * w.float().norm() + 1e-5) for g, w in pairs)
+        except (RuntimeError, ValueError, TypeError, AttributeError, IndexError, AssertionError, KeyError) as e:
+            return False, f"{type(e).__name__}: {e}"
+        return ok, "" if ok else "its batched hidden states differ from cache-free forwards"
+
+    @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache, tree_mask: torch.Tensor | None = None,
                 depth: torch.Tensor | None = None) -> torch.Tensor:
         """Run T new tokens after the cached prefix; returns hidden states [T, H].
@@ -144,6 +172,52 @@ class TargetModel:
                         past_key_values=cache, use_cache=True, **kwargs)
         kv_cache.advance(cache, T)
         return out.last_hidden_state[0]
+
+    @torch.inference_mode()
+    def forward_rows(self, cache: kv_cache.BatchCache, lo: int, tokens: list[list[int]],
+                     trees: list[tuple[torch.Tensor, torch.Tensor] | None]) -> torch.Tensor:
+        """One forward of several requests' trees, each after its own prefix in its own row; -> [b, T, H].
+
+        Request i runs in row lo + i at that row's committed length, with its own positions and mask
+        rows. Trees are padded to T, the largest: a padding query sees only its own slot, and every
+        real query is masked from the padding, so each request's rows are what its own forward gives.
+        Nothing is committed: `kv_cache.keep_path` does that per row.
+
+        Args:
+            tokens: [b][N_i] each request's node tokens, root first.
+            trees: per request, (ancestor mask [N_i, N_i] bool, depth [N_i]), or None for a causal chain.
+        """
+        b, T = len(tokens), max(len(t) for t in tokens)
+        width = cache.begin(lo, b, T)
+        past = torch.tensor(cache.starts)  # [b]
+        ids = torch.zeros(b, T, dtype=torch.long)
+        depth = torch.zeros(b, T, dtype=torch.long)
+        see = torch.eye(T, dtype=torch.bool).repeat(b, 1, 1)  # [b, T, T] query t sees new slot s
+        for i, (toks, tree) in enumerate(zip(tokens, trees)):
+            n = len(toks)
+            ids[i, :n] = torch.tensor(toks)
+            ids[i, n:] = toks[0]
+            if tree is None:  # a causal run is the chain tree
+                tree = (torch.ones(n, n, dtype=torch.bool).tril_(), torch.arange(n))
+            see[i, :n, :n] = tree[0]
+            depth[i, :n] = tree[1]
+        pos = past[:, None] + depth  # [b, T]
+        slot = past[:, None] + torch.arange(T)  # [b, T] where each row writes its nodes
+        visible = (torch.arange(width)[None, :] < past[:, None])[:, None, :].repeat(1, T, 1)  # [b, T, width]
+        visible.scatter_(2, slot[:, None, :].expand(b, T, T), see)
+        neg = torch.finfo(self.dtype).min
+        mask = torch.zeros(b, 1, T, width, dtype=self.dtype).masked_fill_(~visible[:, None], neg)  # [b, 1, T, width]
+        if self.window_mode in ("uniform", "mapping") and int(pos.max()) >= self.window:
+            key_pos = torch.arange(width).repeat(b, 1).scatter_(1, slot, pos)  # [b, width] position held by each slot
+            windowed = mask.masked_fill((key_pos[:, None, :] <= pos[:, :, None] - self.window)[:, None], neg)
+            windowed = windowed.to(self.device)
+            mask = windowed if self.window_mode == "uniform" else {"full_attention": mask.to(self.device),
+                                                                    "sliding_attention": windowed}
+        else:
+            mask = mask.to(self.device)
+        out = self.base(input_ids=ids.to(self.device), position_ids=pos.to(self.device), past_key_values=cache,
+                        use_cache=True, attention_mask=mask)
+        return out.last_hidden_state  # [b, T, H]
 
     def _mask(self, tree_mask: torch.Tensor, depth: torch.Tensor, past: int, width: int):
         """The additive 4D mask of T new tokens over `width` key slots (a dict per layer type when mixed).

@@ -1,0 +1,285 @@
+"""One decoding round for a batch of requests: B trees, one target forward, B verdicts.
+
+Each request keeps its own state (`engine._Run`: params, generator, tree policy, lookup index,
+decoder) and goes through the engine's own steps; only the forward is shared:
+
+  1. draft: each request drafts its own tree (its heads' rows are computed together);
+  2. forward: one target forward over every request's tree, padded to the largest, each request in
+     its own row of a `kv_cache.BatchCache`, at its own length, positions and mask rows;
+  3. verify, commit, learn, event: each request on its own rows, by its own rule, params and
+     generator, committing its accepted path in its own row.
+
+Faults stay with their request. An exception in one request's step (its params callable, its
+draft, a callback), a non-finite row in its part of the forward, or a forward that fails for it
+alone ends that request with a `Failure`; the others' rows are untouched and their round goes on.
+When the shared forward itself raises (a CUDA out-of-memory, say), every request is retried alone
+in its own row, so only a request that fails on its own is ended. Nothing is committed before the
+verdict, so a failed round leaves every row as it was.
+
+Exactness: a request's rows are those of its own forward (padding is masked both ways), so greedy
+output equals the same request run alone, up to float rounding in the batched products (the tests
+compare tokens with solo runs and HF `generate` in fp32 on three architectures).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import torch
+
+from . import kv_cache
+from .engine import Draft, Engine, _Run
+from .events import RoundEvent
+from .sampler import SamplingParams
+from .stopwatch import Stopwatch
+
+# fault_hook(request id, round index, step) is called before each step of each request; whatever it
+# raises is handled as that step's own failure (tests use it to simulate faults).
+FaultHook = Callable[[int, int, str], None]
+CAUSES = ("callback", "params", "non_finite", "out_of_memory", "error")
+Outcome = tuple  # (RoundEvent | None, Failure | None): a round's event, and why the request ended in error
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a request ended in error: the cause (one of CAUSES), the step and round, and the message."""
+
+    cause: str
+    step: str
+    index: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"request failed in round {self.index} ({self.step}, {self.cause}): {self.message}"
+
+
+def cause_of(step: str, exc: BaseException) -> str:
+    if isinstance(exc, torch.OutOfMemoryError):
+        return "out_of_memory"
+    if step in ("callback", "params"):
+        return step
+    return "error"
+
+
+@dataclass(eq=False)
+class Member:
+    """One request in the batch: its run, callbacks and round counter."""
+
+    rid: int
+    run: _Run
+    callbacks: list = field(default_factory=list)
+    index: int = 0  # the next round's index (0: the prefill has not run)
+    prefilled: int = 0  # prompt tokens in the buffer before round 0's final forward
+
+    @property
+    def finished(self) -> str | None:
+        return self.run.finished
+
+
+class Batch:
+    """The decoding requests that share each round's target forward, and their rows of the KV buffer.
+
+    In batched mode member i sits in row i (a leaving member's row is refilled from the last one).
+    A model that cannot take the batched path keeps each request's own cache and runs their
+    forwards one after another inside the round (`batched=False`).
+    """
+
+    def __init__(self, engine: Engine, max_size: int, batched: bool, fault_hook: FaultHook | None = None) -> None:
+        self.engine = engine
+        self.max_size = max_size
+        self.batched = batched
+        self.fault_hook = fault_hook
+        self.members: list[Member] = []
+        self.cache: kv_cache.BatchCache | None = None
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    # -- membership --------------------------------------------------------------------
+    def add(self, m: Member) -> None:
+        """A request joins after its round 0: its committed KV moves into the next free row."""
+        assert len(self.members) < self.max_size
+        if self.batched:
+            solo = m.run.cache
+            need = kv_cache.bucket(solo.capacity)
+            if self.cache is None:
+                target = self.engine.target
+                self.cache = kv_cache.BatchCache(target.model.config.get_text_config(decoder=True).num_hidden_layers,
+                                                 self.max_size, need, fixed_shapes=target.device.type == "cuda")
+            self.cache.grow(need)
+            row = len(self.members)
+            self.cache.adopt(row, solo)
+            m.run.cache = kv_cache.RowCache(self.cache, row)
+        self.members.append(m)
+
+    def remove(self, m: Member, failed: bool = False) -> None:
+        """A request leaves (finished, stopped, disconnected or failed): its row is free for the next round."""
+        i = self.members.index(m)
+        last = len(self.members) - 1
+        if self.batched:
+            if failed:  # its stale slots may hold NaN, which would spread through a masked score
+                self.cache.clear(i)
+            if i != last:
+                self.cache.move(last, i)
+                self.members[last].run.cache.row = i
+        self.members[i] = self.members[last]
+        self.members.pop()
+
+    # -- round 0: the prefill, one request at a time --------------------------------------
+    def prefill(self, m: Member, budget: int) -> int:
+        """Feed up to `budget` prompt tokens of a joining request, leaving its last chunk to round 0.
+
+        Returns the tokens fed; 0 when the rest fits the budget (call `first_round` next).
+        """
+        run = m.run
+        start = kv_cache.length(run.cache)
+        rest = len(run.plan.ids) - start
+        if rest <= budget:
+            return 0
+        self._hook(m, "prefill")
+        self.engine.target.forward(torch.tensor(run.plan.ids[start : start + budget], dtype=torch.long), run.cache)
+        return budget
+
+    def first_round(self, m: Member) -> "Outcome":
+        """Round 0: the rest of the prompt in one forward, then the first token, as `Engine.stream` runs it."""
+        eng, run = self.engine, m.run
+        params = run.plan.first
+        clock = Stopwatch()
+        clock.lap("draft")
+        try:
+            self._hook(m, "forward")
+            hidden = eng._forward(run, None)
+        except Exception as e:  # noqa: BLE001 (isolated: this request alone ends)
+            return None, Failure(cause_of("forward", e), "forward", m.index, _message(e))
+        clock.lap("forward")
+        if not bool(torch.isfinite(hidden).all()):
+            return None, Failure("non_finite", "forward", m.index, "the target's hidden state has NaN or inf values")
+        return self._finish(m, None, hidden, params, clock, size=1)
+
+    # -- a batched round ------------------------------------------------------------------
+    def round(self) -> list[tuple[Member, "Outcome"]]:
+        """One round for every member: each drafts, one forward for all, each verifies and commits."""
+        eng = self.engine
+        members = list(self.members)
+        b = len(members)
+        outcome: dict[int, Outcome] = {}
+        params: dict[int, SamplingParams] = {}
+        drafts: dict[int, Draft] = {}
+        clocks: dict[int, Stopwatch] = {}
+        for i, m in enumerate(members):
+            clock = clocks[i] = Stopwatch()
+            try:
+                self._hook(m, "params")
+                params[i] = m.run.plan.get_params()
+                if not isinstance(params[i], SamplingParams):
+                    raise ValueError("`params` must return a SamplingParams")
+                clock.last = time.perf_counter()  # this request's own draft time only
+                self._hook(m, "draft")
+                drafts[i] = eng._draft(m.run, params[i])
+            except Exception as e:  # noqa: BLE001 (isolated: this request alone ends)
+                step = "params" if i not in params else "draft"
+                outcome[i] = None, Failure(cause_of(step, e), step, m.index, _message(e))
+                continue
+            clock.lap("draft")
+        t0 = time.perf_counter()
+        hidden = self._forward(members, drafts, outcome)
+        forward_ms = (time.perf_counter() - t0) * 1e3
+        for i, m in enumerate(members):
+            if i in outcome:
+                continue
+            clock = clocks[i]
+            clock.ms["forward"] = forward_ms
+            clock.last = time.perf_counter()
+            outcome[i] = self._finish(m, drafts[i], hidden[i], params[i], clock, size=b)
+        return [(m, outcome[i]) for i, m in enumerate(members)]
+
+    def _forward(self, members: list[Member], drafts: dict[int, Draft], outcome: dict) -> dict[int, torch.Tensor]:
+        """Step 2 for the whole batch -> each live member's hidden rows [N_i, H]; failures go to `outcome`."""
+        live = [i for i in range(len(members)) if i not in outcome]
+        if not live:
+            return {}
+        if not self.batched:  # each request's own cache, one forward after another
+            out = {}
+            for i in live:
+                try:
+                    self._hook(members[i], "forward")
+                    out[i] = self.engine._forward(members[i].run, drafts[i])
+                except Exception as e:  # noqa: BLE001
+                    outcome[i] = None, Failure(cause_of("forward", e), "forward", members[i].index, _message(e))
+            return self._check_finite(members, out, outcome)
+        # Failed members still hold their rows this round (the rows are contiguous): they run their
+        # pending token alone, and nothing of it is committed.
+        tokens, trees = [], []
+        for i, m in enumerate(members):
+            d = drafts.get(i)
+            tokens.append(d.tokens if d is not None else [max(m.run.pending, 0)])
+            trees.append((d.tree.ancestor_mask, d.tree.depth_t) if d is not None and d.tree.num_nodes > 1 else None)
+        try:
+            for i in live:
+                self._hook(members[i], "forward")
+            rows = self.engine.target.forward_rows(self.cache, 0, tokens, trees)  # [b, T, H]
+            out = {i: rows[i, : len(tokens[i])] for i in live}
+        except Exception:  # noqa: BLE001 (the shared forward failed: retry each request alone)
+            out = {}
+            for i in live:
+                m = members[i]
+                try:
+                    self._hook(m, "forward")
+                    out[i] = self.engine.target.forward_rows(self.cache, m.run.cache.row, [tokens[i]], [trees[i]])[0]
+                except Exception as e:  # noqa: BLE001
+                    outcome[i] = None, Failure(cause_of("forward", e), "forward", m.index, _message(e))
+        return self._check_finite(members, out, outcome)
+
+    @staticmethod
+    def _check_finite(members, out: dict[int, torch.Tensor], outcome: dict) -> dict[int, torch.Tensor]:
+        """A request whose rows hold NaN or inf ends here, before its verdict (one host sync for all)."""
+        if not out:
+            return out
+        keys = list(out)
+        finite = torch.stack([torch.isfinite(out[i]).all() for i in keys]).tolist()
+        for i, ok in zip(keys, finite):
+            if not ok:
+                outcome[i] = None, Failure("non_finite", "forward", members[i].index,
+                                           "the target's hidden state has NaN or inf values in this request's rows")
+                del out[i]
+        return out
+
+    def _finish(self, m: Member, draft: Draft | None, hidden: torch.Tensor, params: SamplingParams,
+                clock: Stopwatch, size: int) -> "Outcome":
+        """Steps 3-4 and the event for one request (round 0 included); callbacks see the event first.
+
+        A failing callback still leaves the round's event with its request: its tokens were decoded.
+        """
+        eng, run = self.engine, m.run
+        step, ev = "verify", None
+        try:
+            self._hook(m, "verify")
+            verdict = eng._verify(run, draft, hidden, params)
+            clock.lap("verify")
+            step = "commit"
+            self._hook(m, "commit")
+            emitted = eng._commit(run, draft, verdict, hidden)
+            clock.lap("cache")
+            eng._learn(run, draft, verdict, params)
+            step = "event"
+            ev = eng._event(run, m.index, draft, verdict, emitted, params, clock)
+            ev = replace(ev, extra={**ev.extra, "batch": size})
+            step = "callback"
+            self._hook(m, "callback")
+            for cb in m.callbacks:
+                cb(ev)
+        except Exception as e:  # noqa: BLE001 (isolated: this request alone ends)
+            if ev is not None:
+                m.index += 1
+            return ev, Failure(cause_of(step, e), step, m.index - (ev is not None), _message(e))
+        m.index += 1
+        return ev, None
+
+    def _hook(self, m: Member, step: str) -> None:
+        if self.fault_hook is not None:
+            self.fault_hook(m.rid, m.index, step)
+
+
+def _message(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"

@@ -1,0 +1,351 @@
+"""Continuous batching: one thread owns the model and runs every request's rounds.
+
+Callers `submit` a GenerationRequest (checked against the model right there, so a bad request is a
+`ValueError` in the caller's thread) and iterate the returned `Ticket` for its RoundEvents. The
+scheduler thread loops:
+
+  1. drop requests whose client cancelled (a closed stream, a disconnect): their rows free up now;
+  2. admit waiting requests while fewer than `max_batch_size` are prefilling or decoding;
+  3. prefill: up to `prefill_chunk` prompt tokens of the joining requests, oldest first, so a long
+     prompt is fed over several iterations and never stalls the batch for long; a request whose
+     prompt is in runs its round 0 (its first token) and joins the batch;
+  4. one batched round (specdec.batch) for every decoding request; a request that finished,
+     failed, or whose `should_stop` says so leaves at once.
+
+`max_batch_size=1` is today's one-at-a-time service through the same path. A request's params may
+be a callable: it is read once per round, so a slider moved during a run reaches the next round.
+A fault in one request's round ends that request alone (`RequestFailed` to its client, after the
+events it already had) and is counted by cause; see specdec.batch.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, deque
+from concurrent.futures import Future
+from typing import Callable, Iterable, Iterator, Protocol
+
+from . import kv_cache
+from .batch import CAUSES, Batch, FaultHook, Failure, Member, _message, cause_of
+from .engine import Engine
+from .events import RoundEvent
+from .request import GenerationRequest
+
+log = logging.getLogger(__name__)
+_END = object()
+
+
+class SchedulerMetrics(Protocol):
+    """What the scheduler reports as it goes (specdec.metrics.Metrics implements it)."""
+
+    def observe_batch(self, size: int) -> None: ...
+    def observe_queue_wait(self, seconds: float) -> None: ...
+    def observe_failure(self, cause: str) -> None: ...
+
+
+class RequestFailed(RuntimeError):
+    """A request ended in error inside its own round; `failure` says where and why. Other requests go on."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+
+
+class Ticket:
+    """A client's handle on one request: iterate it for the events; `cancel()` frees its slot by the next round.
+
+    Iterating yields every round event as it is made, then raises RequestFailed if the request failed
+    (its earlier events stay in `events`). Closing the iterator early cancels the request.
+    """
+
+    def __init__(self, rid: int, plan, callbacks: list, should_stop: Callable[[], bool] | None) -> None:
+        self.rid = rid
+        self.plan = plan
+        self.callbacks = callbacks
+        self.should_stop = should_stop
+        self.events: list[RoundEvent] = []
+        self.failure: Failure | None = None
+        self.submitted = time.monotonic()
+        self.started: float | None = None  # when its prefill began (the end of its queue wait)
+        self.done = threading.Event()
+        self._cancelled = False
+        self._items: deque = deque()
+        self._ready = threading.Condition()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def cancel(self) -> None:
+        """Stop this request: the scheduler drops it before its next round (nothing more is delivered)."""
+        self._cancelled = True
+
+    def __iter__(self) -> Iterator[RoundEvent]:
+        try:
+            while True:
+                with self._ready:
+                    while not self._items:
+                        self._ready.wait()
+                    item = self._items.popleft()
+                if item is _END:
+                    break
+                yield item
+        finally:
+            if not self.done.is_set():
+                self.cancel()  # the client stopped reading: free the slot
+        if self.failure is not None:
+            raise RequestFailed(self.failure)
+
+    def result(self, timeout: float | None = None) -> list[RoundEvent]:
+        """Wait for the end and return every event (RequestFailed if it failed)."""
+        if not self.done.wait(timeout):
+            raise TimeoutError(f"request {self.rid} still running after {timeout} s")
+        if self.failure is not None:
+            raise RequestFailed(self.failure)
+        return list(self.events)
+
+    # -- the scheduler's side --------------------------------------------------------------
+    def _put(self, item) -> None:
+        with self._ready:
+            self._items.append(item)
+            self._ready.notify()
+
+    def _deliver(self, ev: RoundEvent) -> None:
+        self.events.append(ev)
+        self._put(ev)
+
+    def _end(self, failure: Failure | None = None) -> None:
+        if self.done.is_set():
+            return
+        self.failure = failure
+        self.done.set()
+        self._put(_END)
+
+
+class Scheduler:
+    """Owns the model: runs the rounds of every submitted request, up to `max_batch_size` at once."""
+
+    def __init__(self, engine: Engine, max_batch_size: int = 8, prefill_chunk: int = 256,
+                 fault_hook: FaultHook | None = None, metrics: SchedulerMetrics | None = None) -> None:
+        """Args:
+            max_batch_size: requests decoded together (1: one at a time).
+            prefill_chunk: prompt tokens fed per scheduler iteration, between batched rounds.
+            fault_hook: called as fault_hook(request id, round index, step) before each step of each
+                request; an exception it raises is that step's failure (for tests).
+            metrics: receives batch sizes, queue waits and failures by cause.
+        """
+        if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 1:
+            raise ValueError(f"`max_batch_size` must be an integer >= 1, got {max_batch_size!r}")
+        if not isinstance(prefill_chunk, int) or isinstance(prefill_chunk, bool) or prefill_chunk < 1:
+            raise ValueError(f"`prefill_chunk` must be an integer >= 1, got {prefill_chunk!r}")
+        self.engine = engine
+        self.max_batch_size = max_batch_size
+        self.prefill_chunk = prefill_chunk
+        self.metrics = metrics
+        target = engine.target
+        batched, why = target.slots, "the model uses HF's DynamicCache"
+        if batched:
+            batched, why = target.rows_work()
+        if not batched:
+            log.warning("batched rounds are off for %s (%s): requests share rounds but not forwards",
+                        type(target.model).__name__, why)
+        self.batched = batched
+        self._batch = Batch(engine, max_batch_size, batched, fault_hook)
+        self.failures: Counter[str] = Counter({c: 0 for c in CAUSES})
+        self.batch_sizes: Counter[int] = Counter()  # rounds run at each batch size
+        self._waiting: deque[Ticket] = deque()
+        self._prefilling: list[tuple[Ticket, Member | None]] = []
+        self._tickets: dict[int, Ticket] = {}
+        self._calls: deque[tuple[Callable, Future]] = deque()
+        self._cond = threading.Condition()
+        self._next_id = 0
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    # -- the callers' side -------------------------------------------------------------------
+    def submit(self, request, *fields, on_round=None, should_stop: Callable[[], bool] | None = None,
+               **named) -> Ticket:
+        """Queue a request (a GenerationRequest, or its fields); it is checked against the model now.
+
+        Args:
+            on_round: callbacks that receive each event (on the scheduler thread) before its client does.
+            should_stop: polled once per round; True ends the request after that round's event.
+        """
+        if not isinstance(request, GenerationRequest):
+            request = GenerationRequest(request, *fields, **named)
+        elif fields or named:
+            raise TypeError("pass a GenerationRequest alone, or its fields, not both")
+        plan = request.plan(self.engine)
+        callbacks = [] if on_round is None else ([on_round] if callable(on_round) else list(on_round))
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the scheduler is closed")
+            ticket = Ticket(self._next_id, plan, callbacks, should_stop)
+            self._next_id += 1
+            self._waiting.append(ticket)
+            self._start()
+            self._cond.notify()
+        return ticket
+
+    def stream(self, request, *fields, on_round=None, should_stop=None, **named) -> Iterator[RoundEvent]:
+        """`submit`, then its events as they come; closing the iterator cancels the request."""
+        return iter(self.submit(request, *fields, on_round=on_round, should_stop=should_stop, **named))
+
+    def call(self, fn: Callable, *args, **kwargs):
+        """Run `fn` on the scheduler thread between two rounds (a forward outside any request) and return its result."""
+        fut: Future = Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the scheduler is closed")
+            self._calls.append((lambda: fn(*args, **kwargs), fut))
+            self._start()
+            self._cond.notify()
+        return fut.result()
+
+    def stats(self) -> dict:
+        """Plain values: requests waiting, prefilling and decoding, failures by cause, rounds per batch size."""
+        with self._cond:
+            return {"waiting": len(self._waiting), "prefilling": len(self._prefilling),
+                    "decoding": len(self._batch), "batched": self.batched, "max_batch_size": self.max_batch_size,
+                    "failures": dict(self.failures), "batch_sizes": dict(sorted(self.batch_sizes.items()))}
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Stop the thread; requests still queued or running end with a failure."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def __enter__(self) -> "Scheduler":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the scheduler thread ---------------------------------------------------------------
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="specdec-scheduler", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._closed or self._waiting or self._prefilling or len(self._batch) or self._calls):
+                    self._cond.wait()
+                if self._closed:
+                    break
+                calls = list(self._calls)
+                self._calls.clear()
+                while self._waiting and len(self._prefilling) + len(self._batch) < self.max_batch_size:
+                    t = self._waiting.popleft()
+                    t.started = time.monotonic()
+                    self._prefilling.append((t, None))
+                    if self.metrics is not None:
+                        self.metrics.observe_queue_wait(t.started - t.submitted)
+            for fn, fut in calls:
+                try:
+                    fut.set_result(fn())
+                except Exception as e:  # noqa: BLE001 (the caller gets it)
+                    fut.set_exception(e)
+            self._drop_cancelled()
+            self._prefill()
+            if len(self._batch):
+                self._round()
+        self._shutdown()
+
+    def _drop_cancelled(self) -> None:
+        for m in [m for m in self._batch.members if self._tickets[m.rid].cancelled]:
+            self._batch.remove(m)
+            self._tickets.pop(m.rid)._end()
+        for t, m in [p for p in self._prefilling if p[0].cancelled]:
+            self._prefilling.remove((t, m))
+            self._tickets.pop(t.rid, None)
+            t._end()
+
+    def _prefill(self) -> None:
+        """Up to `prefill_chunk` prompt tokens of the joining requests; those whose prompt is in run round 0."""
+        budget = self.prefill_chunk
+        for entry in list(self._prefilling):
+            t, m = entry
+            try:
+                if m is None:
+                    m = Member(t.rid, self.engine._open(t.plan), t.callbacks)
+                    self._tickets[t.rid] = t
+                    self._prefilling[self._prefilling.index(entry)] = (t, m)
+                    entry = (t, m)
+                fed = self._batch.prefill(m, budget)
+            except Exception as e:  # noqa: BLE001 (isolated: this request alone ends)
+                self._prefilling.remove(entry)
+                self._fail(t, Failure(cause_of("prefill", e), "prefill", 0, _message(e)))
+                continue
+            if fed:
+                return  # the budget is spent: the batch's round comes next
+            budget -= len(t.plan.ids) - kv_cache.length(m.run.cache)  # round 0 feeds the rest
+            self._prefilling.remove(entry)
+            ev, failure = self._batch.first_round(m)
+            self._after(t, m, ev, failure, joined=False)
+            if budget <= 0:
+                return
+
+    def _round(self) -> None:
+        size = len(self._batch)
+        self.batch_sizes[size] += 1
+        if self.metrics is not None:
+            self.metrics.observe_batch(size)
+        for m, (ev, failure) in self._batch.round():
+            self._after(self._tickets[m.rid], m, ev, failure, joined=True)
+
+    def _after(self, t: Ticket, m: Member, ev: RoundEvent | None, failure: Failure | None, joined: bool) -> None:
+        """Deliver a round's outcome; a request that is done leaves (or never joins) the batch."""
+        if ev is not None and not t.cancelled:
+            t._deliver(ev)
+        stop = False
+        if failure is None and m.finished is None and t.should_stop is not None:
+            try:
+                stop = bool(t.should_stop())
+            except Exception as e:  # noqa: BLE001
+                failure = Failure("callback", "should_stop", m.index, _message(e))
+        if failure is not None:
+            if joined:
+                self._batch.remove(m, failed=True)
+            self._fail(t, failure)
+        elif m.finished is not None or stop or t.cancelled:
+            if joined:
+                self._batch.remove(m)
+            self._tickets.pop(t.rid, None)
+            t._end()
+        elif not joined:
+            self._batch.add(m)
+
+    def _fail(self, t: Ticket, failure: Failure) -> None:
+        self.failures[failure.cause] += 1
+        if self.metrics is not None:
+            self.metrics.observe_failure(failure.cause)
+        log.warning("request %d: %s", t.rid, failure)
+        self._tickets.pop(t.rid, None)
+        t._end(failure)
+
+    def _shutdown(self) -> None:
+        closed = Failure("error", "shutdown", 0, "the scheduler was closed")
+        for m in list(self._batch.members):
+            self._batch.remove(m)
+            self._tickets.pop(m.rid)._end(closed)
+        for t, _ in self._prefilling:
+            t._end(closed)
+        for t in self._waiting:
+            t._end(closed)
+        for _, fut in self._calls:
+            fut.set_exception(RuntimeError("the scheduler was closed"))
+
+
+def run_all(scheduler: Scheduler, requests: Iterable[GenerationRequest]) -> list[list[RoundEvent] | RequestFailed]:
+    """Submit every request at once and wait for all: each one's events, or its RequestFailed."""
+    tickets = [scheduler.submit(r) for r in requests]
+    out: list = []
+    for t in tickets:
+        t.done.wait()
+        out.append(RequestFailed(t.failure) if t.failure is not None else list(t.events))
+    return out
