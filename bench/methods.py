@@ -20,38 +20,61 @@ class Method:
     lookup: bool = False  # engine: draft with prompt lookup (`--lookup` tokens, as HF's prompt lookup gets)
     lookup_mode: str = "first"
     acceptance: str = "auto"  # engine: GenerationRequest.acceptance
+    temperature: float | None = None  # sampling methods: overrides the run's --temperature
+    top_p: float | None = None  # ... and its --top-p
+
+    def sampling_params(self, temperature: float, top_p: float) -> tuple[float, float]:
+        """(temperature, top_p) of a sampling method: its own where set, else the run's."""
+        return (temperature if self.temperature is None else self.temperature,
+                top_p if self.top_p is None else self.top_p)
 
     @property
     def needs_heads(self) -> bool:
         return self.backend == "engine" and self.tree not in (None, "none")
 
 
+T1 = dict(temperature=1.0, top_p=1.0)  # the flattest law the issue measures: no filters at all
+
 METHODS = (
     Method("hf_greedy", "HF generate greedy", "hf", False),
     Method("hf_sample", "HF generate sampling", "hf", True),
+    Method("hf_sample_t1", "HF generate sampling, T=1.0, no filters", "hf", True, **T1),
     Method("hf_prompt_lookup", "HF prompt lookup (greedy)", "hf", False, prompt_lookup=True),
     Method("plain_greedy", "specdec speculative=False greedy", "engine", False),
     Method("plain_sample", "specdec speculative=False sampling", "engine", True),
+    Method("plain_sample_t1", "specdec speculative=False sampling, T=1.0", "engine", True, **T1),
     Method("chain_greedy", "specdec chain greedy", "engine", False, "chain"),
     Method("small_greedy", "specdec small tree greedy", "engine", False, "small"),
     Method("default_greedy", "specdec default tree greedy", "engine", False, "default"),
-    Method("trained_greedy", "specdec trained tree (auto) greedy", "engine", False, "trained"),
+    Method("trained_greedy", "specdec trained tree greedy", "engine", False, "trained"),
+    Method("auto_greedy", "specdec dynamic tree (heads alone) greedy", "engine", False, "auto"),
     Method("default_sample", "specdec default tree lossless sampling", "engine", True, "default"),
-    Method("trained_sample", "specdec trained tree (auto) lossless sampling", "engine", True, "trained"),
+    Method("trained_sample", "specdec trained tree lossless sampling", "engine", True, "trained"),
+    Method("auto_sample", "specdec dynamic tree (heads alone) lossless sampling", "engine", True, "auto"),
+    Method("trained_sample_t1", "specdec trained tree lossless sampling, T=1.0", "engine", True, "trained", **T1),
+    Method("auto_sample_t1", "specdec dynamic tree (heads alone) lossless sampling, T=1.0", "engine", True, "auto",
+           **T1),
     Method("lookup_greedy", "specdec prompt lookup alone (no heads), greedy", "engine", False, "none", lookup=True),
-    Method("merge_greedy", "specdec heads' tree with the lookup chain merged in, greedy", "engine", False, "auto",
-           lookup=True, lookup_mode="merge"),
-    Method("hybrid_greedy", "specdec default: lookup first, else the heads' tree; greedy", "engine", False, "auto",
+    Method("merge_greedy", "specdec default tree with the lookup chain merged in, greedy", "engine", False,
+           "default", lookup=True, lookup_mode="merge"),
+    Method("static_hybrid_greedy", "specdec trained tree, lookup first (the static default before the dynamic "
+           "tree), greedy", "engine", False, "trained", lookup=True),
+    Method("static_hybrid_sample", "specdec trained tree, lookup first, lossless sampling", "engine", True, "trained",
            lookup=True),
-    Method("hybrid_sample", "specdec default: lookup first, else the heads' tree; lossless sampling", "engine", True,
-           "auto", lookup=True),
+    Method("hybrid_greedy", "specdec default: the dynamic tree with the lookup chain in its budget; greedy",
+           "engine", False, "auto", lookup=True),
+    Method("hybrid_sample", "specdec default: the dynamic tree with the lookup chain in its budget; lossless "
+           "sampling", "engine", True, "auto", lookup=True),
+    Method("hybrid_sample_t1", "specdec default (dynamic tree + lookup), lossless sampling, T=1.0", "engine", True,
+           "auto", lookup=True, **T1),
 )
 BY_ID = {m.id: m for m in METHODS}
 assert len(BY_ID) == len(METHODS), "method ids must be unique"
 
-# Issue 5's targets: (name, numerator method, denominator method, minimum ratio).
-# The first four measure specdec's default drafting (what `specdec.generate` does with no
-# arguments); the last four the heads alone on the 64-node default tree preset.
+# Targets: (name, numerator method, denominator method, minimum ratio).
+# Issue 5's first four measure specdec's default drafting (what `specdec.generate` does with no
+# arguments); the next four the heads alone on the 64-node default tree preset. Issue 12's measure
+# the dynamic tree; its "at least the best static preset" target is computed in `suite.assemble`.
 TARGETS = (
     ("specdec default greedy / HF greedy generate", "hybrid_greedy", "hf_greedy", 2.0),
     ("specdec default greedy / own speculative=False", "hybrid_greedy", "plain_greedy", 1.8),
@@ -61,6 +84,17 @@ TARGETS = (
     ("heads only, default tree greedy / own speculative=False", "default_greedy", "plain_greedy", 1.8),
     ("heads only, default tree greedy / HF prompt lookup", "default_greedy", "hf_prompt_lookup", 1.3),
     ("heads only, default tree lossless sampling / HF sampling", "default_sample", "hf_sample", 1.5),
+    ("dynamic tree + lookup (default) lossless sampling / HF sampling", "hybrid_sample", "hf_sample", 1.5),
+    ("dynamic tree (heads alone) lossless sampling / HF sampling", "auto_sample", "hf_sample", 1.5),
+    ("dynamic tree + lookup sampling, T=1.0 / own plain sampling, T=1.0", "hybrid_sample_t1", "plain_sample_t1", 1.0),
+    ("dynamic tree (heads alone) sampling, T=1.0 / own plain, T=1.0", "auto_sample_t1", "plain_sample_t1", 1.0),
+)
+# The dynamic tree against every static preset of the same kind, in the same run (issue 12).
+VERSUS_STATIC = (
+    ("dynamic tree greedy / best static preset greedy (heads alone)", "auto_greedy",
+     ("chain_greedy", "small_greedy", "default_greedy", "trained_greedy")),
+    ("dynamic tree + lookup greedy / best static tree + lookup greedy", "hybrid_greedy",
+     ("static_hybrid_greedy", "merge_greedy")),
 )
 
 
@@ -81,7 +115,7 @@ def select_methods(wanted: tuple[str, ...] | None, has_heads: bool, has_trained_
         if m.needs_heads and not has_heads:
             continue
         if m.tree == "trained" and not has_trained_tree:
-            continue  # "auto" is then the default tree, already measured
+            continue  # heads without a shipped tree: the presets stand in for it
         if oracle and m.backend == "engine" and m.sampling:
             continue  # the oracle knows the greedy continuation only
         out.append(m)

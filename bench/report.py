@@ -19,13 +19,16 @@ def markdown_table(result: dict) -> str:
         f"{meta['machine']['gpu'] or meta['machine']['cpu']} ({meta['machine']['torch_threads']} threads)"
         + (f" -- PARTIAL: {meta['partial']}, no memory figures" if meta.get("partial") else ""),
         "",
-        "| method | tok/s | speedup vs HF greedy | tau | acc@d (d=1..) | ms/tok p50 | ms/tok p99 | peak mem MiB "
-        "| non-fwd % | eff. | greedy == HF |",
-        "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| method | tok/s | speedup vs HF greedy | vs own plain | tau | nodes/round | expected err | acc@d (d=1..) "
+        "| ms/tok p50 | ms/tok p99 | peak mem MiB | non-fwd % | eff. | greedy == HF |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in result["methods"]:
         acc = " ".join(_f(a, "{:.2f}") for a in r["acceptance_per_depth"]) or "-"
         tree = f"{r['tree_nodes']} nodes" if r["tree_nodes"] else f"tree {r['tree']}"  # no fixed size: a policy
+        if r.get("temperature_top_p") and tuple(r["temperature_top_p"]) != (meta["sampling"]["temperature"],
+                                                                            meta["sampling"]["top_p"]):
+            tree += ", T={:g} top-p={:g}".format(*r["temperature_top_p"])
         nodes = f" ({tree})" if r["tree"] is not None else ""
         if r.get("lookup"):
             nodes = (f" (lookup {r['lookup']})" if r["tree_nodes"] == 1
@@ -39,11 +42,12 @@ def markdown_table(result: dict) -> str:
             check += f" (1st diff @{g['first_mismatch']})" if g["first_mismatch"] is not None else ""
         lines.append(
             f"| {r['id']}{nodes} | {r['tok_s_median']:.1f} | {_f(r['speedup_vs_hf_greedy'])}x | "
-            f"{_f(r['mean_accepted_length'])} | {acc} | {_f(r['ms_per_token_p50'])} | {_f(r['ms_per_token_p99'])} | "
+            f"{_f(r.get('speedup_vs_plain'))}x | {_f(r['mean_accepted_length'])} | {_f(r.get('mean_tree_nodes'), '{:.1f}')} | "
+            f"{_f(r.get('expected_length_mae'))} | {acc} | {_f(r['ms_per_token_p50'])} | {_f(r['ms_per_token_p99'])} | "
             f"{_f(r['peak_mem_mb'], '{:.1f}')} | {_f(r.get('non_forward_pct'), '{:.0f}')} | {_f(r['efficiency'])} | "
             f"{check} |")
     if result["targets"]:
-        lines += ["", "| target (issue 5) | measured | needed | met |", "| --- | ---: | ---: | --- |"]
+        lines += ["", "| target | measured | needed | met |", "| --- | ---: | ---: | --- |"]
         for t in result["targets"]:
             lines.append(f"| {t['name']} | {_f(t['ratio'])}x | {t['target']:.1f}x | {'yes' if t['met'] else 'no'} |")
     return "\n".join(lines) + "\n"

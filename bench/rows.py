@@ -48,7 +48,7 @@ def _stage_ms(runs: list[Run]) -> dict[str, float] | None:
 
 
 def method_row(m: Method, reps: list[list[Run]], ref: list[list[int]], tok, mem_mb, tree_nodes: int | None,
-               lookup: int) -> dict:
+               lookup: int, sampling: tuple[float, float] = (0.7, 0.9)) -> dict:
     """One method's runs (reps[repeat][prompt]) as the reported figures."""
     tok_s = [throughput(sum(len(r.token_ids) for r in rep), sum(r.seconds for r in rep)) for rep in reps]
     flat = [r for rep in reps for r in rep]
@@ -63,6 +63,7 @@ def method_row(m: Method, reps: list[list[Run]], ref: list[list[int]], tok, mem_
     depths = reduce(DepthCounts.__add__, (r.depths for r in flat), DepthCounts())
     row = {
         "id": m.id, "label": m.label, "backend": m.backend, "sampling": m.sampling, "tree": m.tree,
+        "temperature_top_p": m.sampling_params(*sampling) if m.sampling else None,
         "tree_nodes": None, "tok_s_median": statistics.median(tok_s), "tok_s_runs": tok_s,
         "new_tokens": sum(len(r.token_ids) for r in flat),
         "mean_accepted_length": decode_tokens / decode_rounds if decode_rounds else None,
@@ -76,6 +77,10 @@ def method_row(m: Method, reps: list[list[Run]], ref: list[list[int]], tok, mem_
     if m.tree is not None:
         row["tree_nodes"] = tree_nodes
         row["lookup"], row["lookup_mode"] = (lookup if m.lookup else 0), m.lookup_mode
+        rounds = sum(r.rounds for r in flat)
+        row["mean_tree_nodes"] = sum(r.tree_nodes for r in flat) / rounds if rounds else None
+        errors = [e for r in flat for e in r.expected_errors]
+        row["expected_length_mae"] = sum(errors) / len(errors) if errors else None  # the dynamic tree only
     if m.backend == "engine":
         st = {k: sum(r.stage_ms.get(k, 0.0) for r in flat) for k in STAGES + ("total",)}
         row["stage_ms_per_round"] = _stage_ms(flat)

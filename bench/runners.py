@@ -10,7 +10,7 @@ import torch
 import specdec
 from specdec.request import GenerationRequest
 from specdec.sampler import SamplingParams
-from specdec.stats import DepthCounts, depth_counts
+from specdec.stats import DepthCounts, depth_counts, expected_length_errors, tree_size
 
 from .config import BenchConfig
 from .methods import Method
@@ -29,6 +29,8 @@ class Run:
     depths: DepthCounts = field(default_factory=DepthCounts)  # speculative rounds per depth (specdec.stats)
     stage_ms: dict = field(default_factory=dict)  # summed over decoding rounds
     rounds: int = 0  # decoding rounds (target forwards after the first)
+    tree_nodes: int = 0  # nodes verified, summed over decoding rounds (specdec.stats.tree_size)
+    expected_errors: list[float] = field(default_factory=list)  # dynamic tree: |expected - verified| per round
 
 
 class _Clock:
@@ -62,7 +64,8 @@ def run_hf(loaded: specdec.Loaded, ids: list[int], m: Method, cfg: BenchConfig, 
                  # HF fills a None eos from the model's config, so "never stop" is an id the model cannot emit
                  eos_token_id=eos or vocab)
     if m.sampling:
-        gc_kw.update(temperature=cfg.temperature, top_p=cfg.top_p, top_k=0)  # HF's default top_k is 50
+        t, p = m.sampling_params(cfg.temperature, cfg.top_p)
+        gc_kw.update(temperature=t, top_p=p, top_k=0)  # HF's default top_k is 50
     if m.prompt_lookup:
         gc_kw.update(prompt_lookup_num_tokens=cfg.lookup)
     x = torch.tensor([ids], device=dev)
@@ -84,8 +87,8 @@ def run_hf(loaded: specdec.Loaded, ids: list[int], m: Method, cfg: BenchConfig, 
 
 def engine_request(m: Method, cfg: BenchConfig, ids: list[int], seed: int, max_new: int) -> GenerationRequest:
     """The request an engine method makes: the method's settings, the run's sampling settings and seed."""
-    params = (SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed) if m.sampling
-              else SamplingParams(seed=seed))
+    t, p = m.sampling_params(cfg.temperature, cfg.top_p)
+    params = SamplingParams(temperature=t, top_p=p, seed=seed) if m.sampling else SamplingParams(seed=seed)
     return GenerationRequest(ids, max_new, params, tree=m.tree or "auto", speculative=m.tree is not None,
                              acceptance=m.acceptance, eos_token_id="auto" if cfg.stop_at_eos else None,
                              lookup=cfg.lookup if m.lookup else 0, lookup_mode=m.lookup_mode)
@@ -110,8 +113,9 @@ def run_engine(loaded: specdec.Loaded, ids: list[int], m: Method, cfg: BenchConf
             stage[k] += ev.timings.get(k, 0.0)
         stage["other"] += ev.timings["total"] - timed
         stage["total"] += ev.timings["total"]
+    dec = events[1:]
     return Run([t.token_id for ev in events for t in ev.emitted], seconds, marks, depth_counts(events), stage,
-               rounds=len(events) - 1)
+               rounds=len(dec), tree_nodes=sum(tree_size(ev) for ev in dec), expected_errors=expected_length_errors(events))
 
 
 def run_method(loaded, ids, m, cfg, seed, max_new, oracle=None, continuation=None, key=0) -> Run:

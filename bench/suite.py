@@ -11,7 +11,7 @@ from specdec.api import DEFAULT_MODEL
 
 from .config import BenchConfig
 from .memory import peak_memory_mb
-from .methods import BY_ID, TARGETS, Method, select_methods
+from .methods import BY_ID, TARGETS, VERSUS_STATIC, Method, select_methods
 from .models import load_target
 from .oracle import OracleHeads
 from .rows import machine_meta, method_row
@@ -40,6 +40,10 @@ def benchmark(cfg: BenchConfig, loaded: specdec.Loaded | None = None, oracle: Or
     V = loaded.model.config.vocab_size
     prompts = [[i for i in tok(p, add_special_tokens=False)["input_ids"] if i < V] for p in cfg.prompts]
     methods = select_methods(cfg.methods, loaded.heads is not None, bool(loaded.tree_paths), oracle is not None)
+    if any(m.tree == "auto" for m in methods):
+        # The dynamic tree sizes itself by the round costs of this machine, measured now, not read
+        # from a cache another load (perhaps on a busier machine) wrote.
+        loaded.engine.set_cost_model(specdec.cost.measure(loaded.engine))
     for m in methods:  # every request is checked before the first timed run, not in the middle of one
         if m.backend == "engine":
             loaded.engine.stream(engine_request(m, cfg, prompts[0], cfg.seed, cfg.max_new_tokens)).close()
@@ -94,19 +98,31 @@ def assemble(cfg: BenchConfig, loaded, oracle, methods: list[Method], runs, memo
     ref = [r.token_ids for r in runs["hf_greedy"][0]]
     trees = loaded.engine.info()["trees"]
     rows = [method_row(m, runs[m.id], ref, tok if loaded.tokenizer is not None else None, memory[m.id][0],
-                       _tree_nodes(loaded, trees, m.tree), cfg.lookup) for m in methods]
+                       _tree_nodes(loaded, trees, m.tree), cfg.lookup, (cfg.temperature, cfg.top_p)) for m in methods]
     base = {r["id"]: r for r in rows}
+    plain = {(r["sampling"], r["temperature_top_p"]): r for r in rows if r["backend"] == "engine" and r["tree"] is None}
     for r in rows:
         r["speedup_vs_hf_greedy"] = _ratio(r["tok_s_median"], base["hf_greedy"]["tok_s_median"])
-        r["speedup_vs_plain"] = _ratio(r["tok_s_median"], base.get("plain_" + ("sample" if r["sampling"] else "greedy"),
-                                                                  {}).get("tok_s_median"))
+        # against own plain decoding of the same law (greedy, or the same temperature and top-p)
+        r["speedup_vs_plain"] = _ratio(r["tok_s_median"], plain.get((r["sampling"], r["temperature_top_p"]),
+                                                                    {}).get("tok_s_median"))
         tau = r["mean_accepted_length"]
         r["efficiency"] = _ratio(r["speedup_vs_hf_greedy"], tau) if r["backend"] == "engine" and r["tree"] else None
     targets = [{"name": name, "ratio": _ratio(base[a]["tok_s_median"], base[b]["tok_s_median"]), "target": t,
                 "met": (base[a]["tok_s_median"] / base[b]["tok_s_median"] >= t)}
                for name, a, b, t in TARGETS if a in base and b in base]
-    return {"meta": machine_meta(cfg, loaded, oracle, memory, n_prompts, time.perf_counter() - started),
-            "methods": rows, "targets": targets}
+    for name, a, statics in VERSUS_STATIC:
+        present = [base[s] for s in statics if s in base]
+        if a in base and present:
+            best = max(present, key=lambda r: r["tok_s_median"])
+            ratio = _ratio(base[a]["tok_s_median"], best["tok_s_median"])
+            targets.append({"name": f"{name} ({best['id']})", "ratio": ratio, "target": 1.0, "met": ratio >= 1.0})
+    meta = machine_meta(cfg, loaded, oracle, memory, n_prompts, time.perf_counter() - started)
+    if any(m.tree == "auto" for m in methods):
+        cost = loaded.engine.cost_model()
+        meta["cost_model_ms"] = {"forward": dict(zip(cost.nodes, (1e3 * t for t in cost.forward_s))),
+                                 "heads": 1e3 * cost.heads_s, "overhead": 1e3 * cost.overhead_s}
+    return {"meta": meta, "methods": rows, "targets": targets}
 
 
 def _tree_nodes(loaded, trees: dict[str, int], tree: str | None) -> int | None:

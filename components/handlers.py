@@ -34,11 +34,13 @@ __all__ = ["Handlers", "Throttle", "round_markdown", "COMPARE_HINT", "tree_choic
 def tree_choices(info: dict) -> list[tuple[str, str]]:
     """The draft-tree dropdown's (label, value) pairs from `Engine.info()`: the static presets worth a pick."""
     if not info["heads"]:
-        return [("none (no draft heads loaded: prompt lookup only)", "none")]
+        return [("auto (dynamic: the lookup chain sized by this machine's cost)", "auto"),
+                ("none (no draft heads loaded: prompt lookup only)", "none")]
     trees = info["trees"]
     out = [(f"{name} ({trees[name]} nodes, {'shipped with the heads' if name == 'trained' else 'preset'})", name)
            for name in ("trained", "default", "small", "chain") if name in trees]
-    return out + [("none (root only: prompt lookup drafts everything)", "none")]
+    auto = ("auto (dynamic: grown each round from the heads' confidence, sized by this machine's cost)", "auto")
+    return [auto] + out + [("none (root only: prompt lookup drafts everything)", "none")]
 
 
 def model_line(info: dict, name: str = "") -> str:

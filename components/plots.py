@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 
 from specdec import RoundEvent
 from specdec.stats import (accepted_by_lookup, accepted_drafts, change_rounds, decode_rounds, depth_counts,
-                           engine_seconds, rule_label, throughput)
+                           engine_seconds, expected_length_error, rule_label, throughput, tree_size)
 
 from .replay import node_rule
 
@@ -244,7 +244,9 @@ def _chart_layout(fig: go.Figure, title: str, ytitle: str) -> go.Figure:
 
 def accepted_length_figure(events: list[RoundEvent], current: int | None = None) -> go.Figure:
     """Tokens per round, stacked: accepted drafts + the target's own token. The mean is drawn dashed;
-    `current` (a round index, e.g. the replayed one) is shaded."""
+    `current` (a round index, e.g. the replayed one) is shaded. Under the dynamic tree the policy's
+    expected tokens ride along as a line, and the tree's size on a second axis: raise the
+    temperature and both fall."""
     dec = decode_rounds(events)
     if not dec:
         return empty_figure("Accepted length per round: no decoding round yet.", 300)
@@ -266,8 +268,27 @@ def accepted_length_figure(events: list[RoundEvent], current: int | None = None)
     if current is not None:
         fig.add_vrect(x0=current - 0.5, x1=current + 0.5, fillcolor=CURRENT_COLOR, opacity=0.15, line_width=0)
     _mark_changes(fig, events)
-    return _chart_layout(fig, f"Accepted length per round: mean {mean:.2f}<br><sup>tokens per target forward, "
-                              f"n = {len(dec)} rounds (prefill excluded)</sup>", "tokens")
+    title = (f"Accepted length per round: mean {mean:.2f}<br><sup>tokens per target forward, "
+             f"n = {len(dec)} rounds (prefill excluded)</sup>")
+    error = expected_length_error(events)
+    if error is not None:
+        _dynamic_tree_traces(fig, dec)
+        title = (f"Accepted length per round: mean {mean:.2f}, expected off by {error:.2f}<br><sup>bars: tokens "
+                 f"per target forward; line: the dynamic tree's expectation; grey: its size (right axis)</sup>")
+    return _chart_layout(fig, title, "tokens")
+
+
+def _dynamic_tree_traces(fig: go.Figure, dec: list[RoundEvent]) -> None:
+    """The dynamic tree's expected tokens per round, and its size on a right-hand axis."""
+    xs = [ev.index for ev in dec]
+    fig.add_trace(go.Scatter(x=xs, y=[ev.expected_length for ev in dec], mode="lines+markers",
+                             name="expected (dynamic tree)", line=dict(color="#212121", width=1.5),
+                             marker=dict(size=4), hovertemplate="round %{x}: expected %{y:.2f} tokens<extra></extra>"))
+    fig.add_trace(go.Scatter(x=xs, y=[tree_size(ev) for ev in dec], mode="lines", name="tree size (nodes)",
+                             yaxis="y2", line=dict(color="#9e9e9e", width=1, shape="hv"),
+                             hovertemplate="round %{x}: %{y} nodes<extra></extra>"))
+    fig.update_layout(yaxis2=dict(title="nodes", overlaying="y", side="right", rangemode="tozero",
+                                  showgrid=False))
 
 
 def depth_acceptance_figure(events: list[RoundEvent]) -> go.Figure:

@@ -65,7 +65,8 @@ def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix_cache=None) -> Loaded:
+def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix_cache=None,
+         cost_cache: str | None | bool = True) -> Loaded:
     """Load a target model and its Medusa heads.
 
     Args:
@@ -78,6 +79,9 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
         device: "cpu", "cuda", ... (default: cuda when present).
         dtype: torch dtype or name (default: float32 on CPU, bfloat16 on CUDA).
         tokenizer: a tokenizer, to override or supply one for a model object.
+        cost_cache: where the dynamic tree's measured round costs are kept, per model, device and
+            dtype: True for $SPECDEC_CACHE (default ~/.cache/specdec), a folder, or None/False to
+            measure on first use in every process.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
     from transformers.utils import logging as hf_logging
@@ -119,7 +123,9 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
         head_mod = random_heads(hf_model)
     else:
         head_mod, tree_paths, _ = read_heads(heads_folder(str(heads)), hf_model)
-    engine = Engine(target, head_mod, tokenizer, tree_paths, prefix_cache)
+    if cost_cache is True:
+        cost_cache = os.environ.get("SPECDEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "specdec")
+    engine = Engine(target, head_mod, tokenizer, tree_paths, prefix_cache, cost_cache=cost_cache or None)
     return Loaded(hf_model, tokenizer, head_mod, tree_paths, engine, name)
 
 

@@ -106,6 +106,9 @@ class GenerationRequest:
         if self.speculative and engine.heads is None and not self.lookup:
             raise ValueError("speculative decoding needs draft heads (load with heads=<path> or heads='random') "
                              "or prompt lookup (lookup >= 1)")
+        if self.speculative and isinstance(self.tree, str) and self.tree == "none" and not self.lookup:
+            raise ValueError("`tree` 'none' drafts the root alone, so it needs prompt lookup (lookup >= 1); "
+                             "with lookup 0 use speculative=False for plain decoding")
         tree, dynamic = None, False
         if self.speculative:
             dynamic = isinstance(self.tree, str) and self.tree == "auto"

@@ -10,6 +10,10 @@ Definitions (round 0 is the prefill: it counts for tokens and time, never for ac
                         (the denominator: trees shrink near max_new_tokens, and plain rounds have none).
   throughput            tokens / seconds, None without a positive duration.
   percentile            nearest rank: the smallest value with at least q% of the values at or below it.
+  tree size             nodes a round's target forward verified, root included (1 for a plain round).
+  expected-length error mean |expected - verified| over rounds of the dynamic tree, where expected is
+                        the policy's expected tokens and verified the verifier's own (accepted drafts
+                        + 1, before any EOS or length cut); None without dynamic rounds.
 """
 from __future__ import annotations
 
@@ -126,6 +130,23 @@ def mean_accepted_length(events: Sequence[RoundEvent]) -> float | None:
     return sum(len(ev.emitted) for ev in dec) / len(dec) if dec else None
 
 
+def tree_size(ev: RoundEvent) -> int:
+    """Nodes the round's target forward verified, root included: 1 for a plain round."""
+    return max(len(ev.nodes), 1)
+
+
+def expected_length_errors(events: Sequence[RoundEvent]) -> list[float]:
+    """|expected - verified| tokens for each round of the dynamic tree."""
+    return [abs(ev.expected_length - len(ev.accepted_path)) for ev in decode_rounds(events)
+            if ev.expected_length is not None and ev.accepted_path]
+
+
+def expected_length_error(events: Sequence[RoundEvent]) -> float | None:
+    """Mean absolute error of the dynamic tree's expected tokens per round (None without such rounds)."""
+    errs = expected_length_errors(events)
+    return sum(errs) / len(errs) if errs else None
+
+
 def throughput(tokens: float, seconds: float | None) -> float | None:
     """tokens / seconds, or None without a positive duration."""
     return tokens / seconds if seconds is not None and seconds > 0 else None
@@ -200,6 +221,8 @@ def summarize(events: Sequence[RoundEvent], wall_seconds: float | None = None) -
         "lookup_drafts": sum(accepted_by_lookup(ev) for ev in dec),  # of accepted_drafts
         "lookup_rounds": sum(1 for ev in dec if lookup_nodes(ev)),  # rounds that drafted by prompt lookup
         "mean_accepted_length": mean_accepted_length(events),
+        "mean_tree_nodes": sum(tree_size(ev) for ev in dec) / len(dec) if dec else None,
+        "expected_length_error": expected_length_error(events),
         "engine_seconds": engine_s,
         "tokens_per_second": throughput(new, engine_s),
         "seconds": wall_seconds,

@@ -35,15 +35,17 @@ def tiny():
 def result(tiny):
     loaded, oracle = tiny
     methods = ("hf_greedy", "hf_sample", "hf_prompt_lookup", "plain_greedy", "chain_greedy", "default_greedy",
-               "default_sample", "lookup_greedy", "merge_greedy", "hybrid_greedy", "hybrid_sample")
+               "auto_greedy", "default_sample", "auto_sample", "lookup_greedy", "merge_greedy", "hybrid_greedy",
+               "hybrid_sample", "hf_sample_t1", "plain_sample_t1", "auto_sample_t1")
     return bench.benchmark(tiny_config(methods=methods), loaded, oracle, log=lambda *a: None)
 
 
 def test_structure(result):
     assert set(result) == {"meta", "methods", "targets"}
     ids = [r["id"] for r in result["methods"]]
-    assert ids == ["hf_greedy", "hf_sample", "hf_prompt_lookup", "plain_greedy", "chain_greedy", "default_greedy",
-                   "default_sample", "lookup_greedy", "merge_greedy", "hybrid_greedy", "hybrid_sample"]
+    assert ids == ["hf_greedy", "hf_sample", "hf_sample_t1", "hf_prompt_lookup", "plain_greedy", "plain_sample_t1",
+                   "chain_greedy", "default_greedy", "auto_greedy", "default_sample", "auto_sample", "auto_sample_t1",
+                   "lookup_greedy", "merge_greedy", "hybrid_greedy", "hybrid_sample"]
     for r in result["methods"]:
         assert METHOD_KEYS <= set(r), METHOD_KEYS - set(r)
         assert r["tok_s_median"] > 0 and r["new_tokens"] == 2 * 12
@@ -58,9 +60,24 @@ def test_structure(result):
     assert all(0.0 <= a <= 1.0 for a in spec["acceptance_per_depth"])
     # accepting >= d drafts gets rarer with d
     assert spec["acceptance_per_depth"] == sorted(spec["acceptance_per_depth"], reverse=True)
+    # the dynamic tree reports its size and how far its expectation was off; static trees have no expectation
+    auto = rows["auto_greedy"]
+    assert auto["tree_nodes"] is None and auto["mean_tree_nodes"] >= 1 and auto["expected_length_mae"] >= 0
+    assert spec["expected_length_mae"] is None and 1 < spec["mean_tree_nodes"] <= 64  # cut near max_new_tokens
+    # T = 1.0 rows compare with plain decoding at T = 1.0, not at the run's temperature
+    assert tuple(rows["auto_sample_t1"]["temperature_top_p"]) == (1.0, 1.0)
+    assert rows["auto_sample_t1"]["speedup_vs_plain"] == pytest.approx(
+        rows["auto_sample_t1"]["tok_s_median"] / rows["plain_sample_t1"]["tok_s_median"])
+    names = [t["name"] for t in result["targets"]]
+    assert any(n.startswith("dynamic tree greedy / best static preset greedy") for n in names)
+    assert "forward" in result["meta"]["cost_model_ms"]
     assert set(spec["stage_ms_per_round"]) == set(bench.STAGES) | {"total"}
     assert 0 < spec["non_forward_pct"] < 100
-    assert {t["name"] for t in result["targets"]} == {t[0] for t in bench.TARGETS}
+    from bench.methods import VERSUS_STATIC
+    ratios = {name for name, a, b, _ in bench.TARGETS if a in rows and b in rows}
+    versus = {t["name"] for t in result["targets"]} - ratios
+    assert ratios <= {t["name"] for t in result["targets"]}
+    assert len(versus) == len(VERSUS_STATIC) and all(any(n.startswith(v[0]) for v in VERSUS_STATIC) for n in versus)
     assert rows["lookup_greedy"]["tree_nodes"] == 1 and rows["lookup_greedy"]["lookup"] == 10
     assert rows["merge_greedy"]["lookup_mode"] == "merge" and rows["hybrid_greedy"]["lookup_mode"] == "first"
     json.dumps(result)  # plain values only
@@ -81,7 +98,8 @@ def test_reports(result, tmp_path):
     paths = bench.write_reports(result, tmp_path)
     assert json.loads(paths["json"].read_text())["methods"][0]["id"] == "hf_greedy"
     md = paths["markdown"].read_text()
-    assert "| default_greedy (64 nodes) |" in md and "target (issue 5)" in md
+    assert "| default_greedy (64 nodes) |" in md and "| target | measured |" in md
+    assert "| auto_sample_t1 (tree auto, T=1 top-p=1) |" in md
     html = paths["html"].read_text()
     assert html.count("plotly-graph-div") >= 4 and "Acceptance per depth" in html
 

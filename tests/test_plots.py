@@ -212,3 +212,35 @@ def test_real_lookup_rounds_are_drawn_as_prompt_lookup(handlers):
             assert any(n.source == "heads" for n in ev.nodes)
         assert sum(accepted_by_lookup(e) for e in events) > 0
         assert summarize(events)["lookup_drafts"] > 0
+
+
+def test_accepted_length_figure_shows_the_dynamic_trees_expectation_and_size():
+    import dataclasses
+    events = run_events()
+    assert "expected (dynamic tree)" not in by_name(plots.accepted_length_figure(events))  # static trees: no line
+    dyn = [events[0]] + [dataclasses.replace(ev, expected_length=x) for ev, x in zip(events[1:], (2.5, 3.0, 4.0))]
+    fig = plots.accepted_length_figure(dyn)
+    t = by_name(fig)
+    assert list(t["expected (dynamic tree)"].y) == [2.5, 3.0, 4.0]
+    assert list(t["tree size (nodes)"].y) == [7, 7, 7] and t["tree size (nodes)"].yaxis == "y2"
+    assert "expected off by 0.50" in fig.layout.title.text
+
+
+def test_the_chart_shows_the_tree_shrink_when_the_temperature_rises():
+    """The embedded model with its trained heads: a live slider change from greedy to T = 1.2 shrinks
+    the next rounds' dynamic trees, and the chart's size line shows it."""
+    loaded = specdec.load()
+    loaded.engine.set_cost_model(specdec.cost.CostModel((1, 16, 64), (1e-3, 1.2e-3, 2e-3), 2e-4, 1e-4))
+    params = [specdec.SamplingParams(temperature=0.0, seed=3)]
+    ids = loaded.tokenizer("class Stack:\n    def __init__(self):").input_ids
+    events = []
+    for ev in loaded.engine.stream(ids, 200, lambda: params[0], tree="auto", eos_token_id=None):
+        events.append(ev)
+        if ev.index == 20:
+            params[0] = params[0].replace(temperature=1.2)
+    sizes = by_name(plots.accepted_length_figure(events))["tree size (nodes)"].y
+    xs = [ev.index for ev in events[1:]]
+    before = [s for x, s in zip(xs, sizes) if 5 < x <= 20]
+    after = [s for x, s in zip(xs, sizes) if x > 25]
+    print(f"\nmean tree size: greedy {sum(before) / len(before):.1f}, T = 1.2 {sum(after) / len(after):.1f}")
+    assert sum(after) / len(after) < 0.7 * sum(before) / len(before), (before, after)

@@ -69,3 +69,16 @@ def test_plan_resolves_eos_tree_and_greedy_acceptance(loaded_llama):
     assert plan.rule(plan.first) == "greedy"
     plain = GenerationRequest([4, 5], speculative=False, eos_token_id=None).plan(engine)
     assert plain.tree is None and plain.eos == frozenset() and plain.rule(SamplingParams()) == "plain"
+
+
+def test_tree_none_needs_prompt_lookup(loaded_llama):
+    engine = loaded_llama.engine
+    with pytest.raises(ValueError, match="'none' drafts the root alone"):
+        GenerationRequest([1, 2, 3], 4, tree="none", lookup=0).plan(engine)
+    assert GenerationRequest([1, 2, 3], 4, tree="none", lookup=2).plan(engine).tree.num_nodes == 1
+
+
+def test_auto_is_the_dynamic_tree(loaded_llama):
+    plan = GenerationRequest([1, 2, 3], 4).plan(loaded_llama.engine)
+    assert plan.dynamic and plan.tree.num_nodes == 1  # the tree is grown each round; the plan holds the root
+    assert not GenerationRequest([1, 2, 3], 4, tree="small").plan(loaded_llama.engine).dynamic

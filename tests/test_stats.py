@@ -88,3 +88,17 @@ def test_sampler_changes_between_rounds():
     assert change_rounds(run_events()) == [(3, {"temperature": (0.7, 1.2)})]
     assert params_changed(None, P0) == {}
     assert params_changed(P0, dict(P0, seed=9)) == {}  # the seed is no live setting
+
+
+def test_tree_size_and_expected_length_error():
+    import dataclasses
+
+    from specdec.stats import expected_length_error, tree_size
+    events = run_events()
+    assert [tree_size(ev) for ev in events[1:]] == [7, 7, 7] and tree_size(plain_event(5)) == 1
+    assert expected_length_error(events) is None and summarize(events)["expected_length_error"] is None
+    # the verifier produced 3 tokens per round (path of 3 nodes); the policy expected 2.5, 3.0 and 4.0
+    dyn = [events[0]] + [dataclasses.replace(ev, expected_length=x) for ev, x in zip(events[1:], (2.5, 3.0, 4.0))]
+    assert expected_length_error(dyn) == pytest.approx((0.5 + 0.0 + 1.0) / 3)
+    s = summarize(dyn)
+    assert s["expected_length_error"] == pytest.approx(0.5) and s["mean_tree_nodes"] == 7
