@@ -167,8 +167,10 @@ class Batch:
         params: dict[int, SamplingParams] = {}
         drafts: dict[int, Draft] = {}
         clocks: dict[int, Stopwatch] = {}
+        shared = _SharedHeads(eng.heads, members)
         for i, m in enumerate(members):
             clock = clocks[i] = Stopwatch()
+            m.run.shared_heads = shared
             try:
                 self._hook(m, "params")
                 params[i] = m.run.plan.get_params()
@@ -182,6 +184,8 @@ class Batch:
                 outcome[i] = None, Failure(cause_of(step, e), step, m.index, _message(e))
                 continue
             clock.lap("draft")
+        for m in members:
+            m.run.shared_heads = None
         t0 = time.perf_counter()
         hidden = self._forward(members, drafts, outcome)
         forward_ms = (time.perf_counter() - t0) * 1e3
@@ -279,6 +283,37 @@ class Batch:
     def _hook(self, m: Member, step: str) -> None:
         if self.fault_hook is not None:
             self.fault_hook(m.rid, m.index, step)
+
+
+class _SharedHeads:
+    """The heads' logits of every member in one call, made when the first member's draft asks for them.
+
+    One [b, H] -> [K, b, V] call reads the heads' weights once for the batch; on a CPU it costs
+    about what one member's call does. Heads that only take one hidden state (a test double) are
+    called per member instead.
+    """
+
+    def __init__(self, heads, members: list[Member]) -> None:
+        self.heads = heads
+        self.row = {id(m.run): i for i, m in enumerate(members)}
+        self.members = members
+        self.rows: torch.Tensor | None = None  # [K, b, V]
+        self.per_member = len(members) == 1
+
+    def __call__(self, run: _Run) -> torch.Tensor:
+        if not self.per_member and self.rows is None:
+            h = torch.stack([m.run.h_last for m in self.members])  # [b, H]
+            try:
+                rows = self.heads(h)
+            except (RuntimeError, ValueError, IndexError, TypeError):
+                rows = None
+            if rows is None or rows.dim() != 3 or rows.shape[1] != len(self.members):
+                self.per_member = True
+            else:
+                self.rows = rows
+        if self.per_member:
+            return self.heads(run.h_last)  # [K, V]
+        return self.rows[:, self.row[id(run)]]  # [K, V]
 
 
 def _message(e: BaseException) -> str:

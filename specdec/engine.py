@@ -239,7 +239,7 @@ class Engine:
         if chain and req.lookup_mode == "first":
             tree = ROOT_ONLY  # the context repeats: skip the heads' cost this round
         heads_ran = tree.num_nodes > 1
-        tokens, q = self._fill(tree, run.pending, run.h_last)
+        tokens, q = self._fill(tree, run)
         if chain:
             tree, tokens = self._graft(tree, tokens, chain)
             q += [None] * (len(tokens) - len(q))
@@ -251,7 +251,7 @@ class Engine:
         if self.heads is not None and policy.wants_heads(len(chain), room, params.greedy):
             with torch.inference_mode():
                 # Scored under the round's own filters: that is the law the target is verified with.
-                top_q, top_i, score = head_scores(self.heads(run.h_last)[:room], params)  # [D, k] each
+                top_q, top_i, score = head_scores(self._head_logits(run)[:room], params)  # [D, k] each
                 host = torch.stack([top_q, score, top_i.float()]).tolist()  # one host sync; ids < 2**24 are exact
             top, scores = (host[0], [[int(t) for t in row] for row in host[2]]), host[1]
         if scores is None and not chain:  # the heads rest and nothing repeats: a plain round
@@ -367,13 +367,21 @@ class Engine:
                           extra=extra, expected_length=draft.expected if draft is not None else None)
 
     # -- pieces of the steps --------------------------------------------------
-    def _fill(self, tree: Tree, pending: int, h_last: torch.Tensor) -> tuple[list[int], list[float | None]]:
+    def _head_logits(self, run: "_Run") -> torch.Tensor:
+        """The heads' logits after the run's last committed token. -> [K, V]
+
+        In a batched round `run.shared_heads` computes every member's rows in one call, on first use.
+        """
+        if run.shared_heads is not None:
+            return run.shared_heads(run)
+        return self.heads(run.h_last)
+
+    def _fill(self, tree: Tree, run: "_Run") -> tuple[list[int], list[float | None]]:
         """The heads fill the tree: N tokens and their draft probabilities (None at the root)."""
         if tree.num_nodes == 1:  # prompt lookup alone: no heads to run
-            return [pending], [None]
+            return [run.pending], [None]
         with torch.inference_mode():
-            head_logits = self.heads(h_last)  # [K, V]
-            tokens, q = candidates(pending, head_logits, tree)  # [N], [N]
+            tokens, q = candidates(run.pending, self._head_logits(run), tree)  # [N], [N]
         q_list = q.tolist()
         q_list[0] = None
         return tokens.tolist(), q_list
@@ -458,6 +466,7 @@ class _Run:
     produced: int = 0
     finished: str | None = None
     policy: DynamicTree | None = None  # the "auto" tree policy's per-request state
+    shared_heads: Callable[["_Run"], torch.Tensor] | None = None  # a batched round's heads, for all members at once
 
 
 def _cut(tokens: tuple[EmittedToken, ...], produced: int, plan: Plan, committed: int, limit: int
