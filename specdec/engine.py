@@ -18,10 +18,8 @@ tokenizer is optional and only used to put text into events.
 """
 from __future__ import annotations
 
-import numbers
 import random
 import threading
-from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator
 
 import torch
@@ -30,10 +28,11 @@ from . import cost as cost_mod
 from . import kv_cache
 from .detok import IncrementalDecoder
 from .draft_tree import PRESETS, Tree, build_tree, candidates, graft_chain, merge_chain, resolve_tree
-from .events import EmittedToken, RoundEvent, TreeNode
+from .events import EmittedToken, RoundEvent
 from .heads import MedusaHeads
 from .lookup import NgramIndex
-from .request import LOOKUP_MODES, ROOT_ONLY, GenerationRequest, Plan
+from .request import LOOKUP_MODES, ROOT_ONLY, GenerationRequest, Plan, default_eos
+from .run_state import Draft, RunState, cut, tree_nodes, with_text
 from .sampler import SamplingParams, filter_stages
 from .stopwatch import Stopwatch
 from .target import TargetModel
@@ -41,25 +40,9 @@ from .tree_policy import DynamicTree, head_scores
 from .verifier import Verdict, verify, verify_greedy
 
 __all__ = ["Engine", "GenerationRequest", "LOOKUP_MODES", "default_eos"]
+_Run = RunState  # the name specdec.batch imports
 _BATCHED_VERIFY_MAX_CPU = 32  # nodes; above this a CPU computes greedy rows on demand
 RoundCallback = Callable[[RoundEvent], None]
-
-
-def _ids(value) -> set[int]:
-    """An EOS setting (None, an id, or a list of ids) as a set."""
-    if value is None:
-        return set()
-    return {int(value)} if isinstance(value, numbers.Integral) else {int(v) for v in value}
-
-
-def default_eos(tokenizer, model) -> frozenset[int]:
-    """Every id that ends a turn: the tokenizer's EOS plus each id of `generation_config.eos_token_id`.
-
-    Instruct models (Llama-3, Qwen2.5) list their end-of-turn ids in the generation config, and
-    the tokenizer's single EOS is often not among them, so neither alone is enough.
-    """
-    gen = getattr(model, "generation_config", None)
-    return frozenset(_ids(getattr(tokenizer, "eos_token_id", None)) | _ids(getattr(gen, "eos_token_id", None)))
 
 
 class Engine:
@@ -201,7 +184,7 @@ class Engine:
                 return
             index += 1
 
-    def _open(self, plan: Plan) -> "_Run":
+    def _open(self, plan: Plan) -> "RunState":
         """A request's own state: generator, decoder, lookup index, and a KV buffer sized once, for the
         prompt, every new token and the largest tree, rounded up so shapes repeat across requests."""
         req, target = plan.request, self.target
@@ -220,11 +203,11 @@ class Engine:
         if cache is None:
             cache, hit = kv_cache.new_cache(target.model, capacity), 0
         ngram = NgramIndex(plan.ids, req.lookup_ngram) if plan.tree is not None and req.lookup else None
-        return _Run(plan, cache, hit, seed, torch.Generator(device=target.device).manual_seed(seed),
+        return RunState(plan, cache, hit, seed, torch.Generator(device=target.device).manual_seed(seed),
                     IncrementalDecoder(self.tokenizer), ngram, limit=target.max_length or 1 << 62, policy=policy)
 
     # -- the four steps -----------------------------------------------------------
-    def _draft(self, run: "_Run", params: SamplingParams) -> "Draft":
+    def _draft(self, run: "RunState", params: SamplingParams) -> "Draft":
         """Step 1: the round's tree and tokens: heads, prompt lookup, or the root alone (a plain round)."""
         plan, req = run.plan, run.plan.request
         # The root (pending) goes at position `committed`; a depth-d node at committed + d.
@@ -245,7 +228,7 @@ class Engine:
             q += [None] * (len(tokens) - len(q))
         return Draft(tree, tokens, q, drafted=True, heads_ran=heads_ran)
 
-    def _draft_dynamic(self, run: "_Run", params: SamplingParams, chain: list[int], room: int) -> "Draft":
+    def _draft_dynamic(self, run: "RunState", params: SamplingParams, chain: list[int], room: int) -> "Draft":
         """Step 1 under the "auto" policy: score the heads' candidates, let the policy pick the tree."""
         policy, scores, top = run.policy, None, None
         if self.heads is not None and policy.wants_heads(len(chain), room, params.greedy):
@@ -276,7 +259,7 @@ class Engine:
         return Draft(tree, tokens, q, drafted=True, learn=tuple(learn), expected=choice.expected,
                      heads_ran=scores is not None)
 
-    def _forward(self, run: "_Run", draft: "Draft | None") -> torch.Tensor:
+    def _forward(self, run: "RunState", draft: "Draft | None") -> torch.Tensor:
         """Step 2: one target forward of the round's nodes (round 0: the uncached prompt). -> [N, H]"""
         if draft is None:  # what the prefix cache (or a chunked prefill) has not already put in the buffer
             start = kv_cache.length(run.cache)
@@ -290,7 +273,7 @@ class Engine:
         return self.target.forward(torch.tensor(draft.tokens, dtype=torch.long), run.cache, tree.ancestor_mask,
                                    tree.depth_t)
 
-    def _verify(self, run: "_Run", draft: "Draft | None", hidden: torch.Tensor, params: SamplingParams) -> Verdict:
+    def _verify(self, run: "RunState", draft: "Draft | None", hidden: torch.Tensor, params: SamplingParams) -> Verdict:
         """Step 3: the accepted path and the target's own next token (pure given the logits and generator)."""
         tree = draft.tree if draft is not None else ROOT_ONLY
         tokens = draft.tokens if draft is not None else [run.plan.ids[-1]]
@@ -305,7 +288,7 @@ class Engine:
             # rows on demand: sampling visits few nodes and filters each row anyway
             return verify(tokens, tree, lambda i: self.target.logits(hidden[i]), params, rule, run.gen)
 
-    def _commit(self, run: "_Run", draft: "Draft | None", verdict: Verdict, hidden: torch.Tensor
+    def _commit(self, run: "RunState", draft: "Draft | None", verdict: Verdict, hidden: torch.Tensor
                 ) -> tuple[EmittedToken, ...]:
         """Step 4: keep the accepted path in the KV buffer; cut the new tokens at EOS or the length limit."""
         speculative = run.plan.request.speculative
@@ -320,16 +303,16 @@ class Engine:
         run.h_last = hidden[verdict.accepted[-1]]
         kind = verdict.next_kind if speculative else "baseline"
         proposed += (EmittedToken(verdict.next_token, "", kind, None, verdict.next_prob),)
-        tokens, run.finished = _cut(proposed, run.produced, run.plan, run.committed, run.limit)
+        tokens, run.finished = cut(proposed, run.produced, run.plan, run.committed, run.limit)
         run.produced += len(tokens)
-        emitted = self._emit(tokens, run.detok, run.finished)
+        emitted = with_text(tokens, run.detok, run.finished)
         run.pending = emitted[-1].token_id
         if run.ngram is not None:
             run.ngram.extend([e.token_id for e in emitted])
         return emitted
 
     @staticmethod
-    def _learn(run: "_Run", draft: "Draft | None", verdict: Verdict, params: SamplingParams) -> None:
+    def _learn(run: "RunState", draft: "Draft | None", verdict: Verdict, params: SamplingParams) -> None:
         """The dynamic policy learns from the verdict: each drafted node whose parent was reached.
 
         Its outcome is, greedy, whether it was the target's argmax; sampling, the target's filtered
@@ -352,10 +335,10 @@ class Engine:
                 lookup.append((kind[1], outcome))
         run.policy.observe(params.greedy, heads, lookup, draft.tree.num_nodes, len(verdict.accepted), draft.heads_ran)
 
-    def _event(self, run: "_Run", index: int, draft: "Draft | None", verdict: Verdict,
+    def _event(self, run: "RunState", index: int, draft: "Draft | None", verdict: Verdict,
                emitted: tuple[EmittedToken, ...], params: SamplingParams, clock: Stopwatch) -> RoundEvent:
         drafted = draft is not None and draft.drafted
-        nodes = self._nodes(draft.tree, draft.tokens, draft.q, verdict) if drafted else ()
+        nodes = tree_nodes(draft.tree, draft.tokens, draft.q, verdict, self.token_text) if drafted else ()
         path = verdict.accepted if draft is not None else ()
         clock.lap("event")  # building the node list counts as event time
         extra = {"seed": run.seed} if index == 0 else {}
@@ -367,7 +350,7 @@ class Engine:
                           extra=extra, expected_length=draft.expected if draft is not None else None)
 
     # -- pieces of the steps --------------------------------------------------
-    def _head_logits(self, run: "_Run") -> torch.Tensor:
+    def _head_logits(self, run: "RunState") -> torch.Tensor:
         """The heads' logits after the run's last committed token. -> [K, V]
 
         In a batched round `run.shared_heads` computes every member's rows in one call, on first use.
@@ -376,7 +359,7 @@ class Engine:
             return run.shared_heads(run)
         return self.heads(run.h_last)
 
-    def _fill(self, tree: Tree, run: "_Run") -> tuple[list[int], list[float | None]]:
+    def _fill(self, tree: Tree, run: "RunState") -> tuple[list[int], list[float | None]]:
         """The heads fill the tree: N tokens and their draft probabilities (None at the root)."""
         if tree.num_nodes == 1:  # prompt lookup alone: no heads to run
             return [run.pending], [None]
@@ -398,89 +381,3 @@ class Engine:
             return tree, tokens
         return graft_chain(tree.paths[1:], attach, len(rest)), tokens + rest
 
-    @staticmethod
-    def _emit(tokens: tuple[EmittedToken, ...], detok: IncrementalDecoder, finished: str | None
-              ) -> tuple[EmittedToken, ...]:
-        """Give the (already cut) tokens their incremental text.
-
-        Runs after the EOS / length cut, so dropped tokens never reach the decoder; on the last
-        round the decoder is flushed so a trailing partial character is not lost.
-        """
-        out = [replace(t, text=detok.push(t.token_id)) for t in tokens]
-        if finished is not None and out:
-            tail = detok.flush()
-            if tail:
-                out[-1] = replace(out[-1], text=out[-1].text + tail)
-        return tuple(out)
-
-    def _nodes(self, tree: Tree, toks: list[int], q: list[float], verdict) -> tuple[TreeNode, ...]:
-        on_path = set(verdict.accepted)
-        rejected = set(verdict.rejected)
-        looked_up = set(tree.lookup)
-        out = []
-        for i in range(tree.num_nodes):
-            if i == 0:
-                status = "root"
-            elif i in on_path:
-                status = "accepted"
-            elif i in rejected:
-                status = "rejected"
-            else:
-                status = "not_reached"
-            source = "root" if i == 0 else "lookup" if i in looked_up else "heads"
-            out.append(TreeNode(toks[i], self.token_text(toks[i]), tree.parent[i], tree.depth[i], tree.rank[i],
-                                q[i], verdict.target_prob.get(i), status, source))
-        return tuple(out)
-
-
-@dataclass(frozen=True)
-class Draft:
-    """One round's draft: the tree, its N tokens (root first) and their draft probabilities q."""
-
-    tree: Tree
-    tokens: list[int]  # [N]
-    q: list[float | None]  # [N]; None for the root and for prompt-lookup nodes (point-mass drafts)
-    drafted: bool  # False for a plain round: the root alone, nothing proposed
-    # The dynamic policy's bookkeeping, per node: ("heads", depth, rank, score q) or ("lookup", chain
-    # position), None for the root; empty for static trees.
-    learn: tuple = ()
-    expected: float | None = None  # the policy's expected tokens this round
-    heads_ran: bool = False
-
-
-@dataclass
-class _Run:
-    """One request's decoding state, carried from round to round."""
-
-    plan: Plan
-    cache: object  # kv_cache.SlotCache, or a DynamicCache where the model needs it
-    hit: int  # prompt tokens reused from the prefix cache
-    seed: int
-    gen: torch.Generator
-    detok: IncrementalDecoder
-    ngram: NgramIndex | None
-    limit: int  # the model's context length
-    committed: int = 0  # tokens in the KV buffer; the pending token is fed next round
-    pending: int = -1
-    h_last: torch.Tensor | None = None  # [H] hidden state of the last committed token
-    produced: int = 0
-    finished: str | None = None
-    policy: DynamicTree | None = None  # the "auto" tree policy's per-request state
-    shared_heads: Callable[["_Run"], torch.Tensor] | None = None  # a batched round's heads, for all members at once
-
-
-def _cut(tokens: tuple[EmittedToken, ...], produced: int, plan: Plan, committed: int, limit: int
-         ) -> tuple[tuple[EmittedToken, ...], str | None]:
-    """The round's tokens up to the first EOS and within max_new_tokens, and why decoding finished."""
-    finished = None
-    for i, t in enumerate(tokens):
-        if t.token_id in plan.eos:
-            tokens, finished = tokens[: i + 1], "eos"
-            break
-    room = plan.request.max_new_tokens - produced
-    if len(tokens) >= room:
-        tokens, finished = tokens[:room], finished or "length"
-    # The pending token still has to be fed at position `committed` next round.
-    if finished is None and committed >= limit:
-        finished = "context"
-    return tokens, finished

@@ -151,6 +151,23 @@ class Plan:
         return "lossless" if self.request.acceptance == "auto" else self.request.acceptance
 
 
+def _ids(value) -> set[int]:
+    """An EOS setting (None, an id, or a list of ids) as a set."""
+    if value is None:
+        return set()
+    return {int(value)} if isinstance(value, numbers.Integral) else {int(v) for v in value}
+
+
+def default_eos(tokenizer, model) -> frozenset[int]:
+    """Every id that ends a turn: the tokenizer's EOS plus each id of `generation_config.eos_token_id`.
+
+    Instruct models (Llama-3, Qwen2.5) list their end-of-turn ids in the generation config, and
+    the tokenizer's single EOS is often not among them, so neither alone is enough.
+    """
+    gen = getattr(model, "generation_config", None)
+    return frozenset(_ids(getattr(tokenizer, "eos_token_id", None)) | _ids(getattr(gen, "eos_token_id", None)))
+
+
 def _prompt_ids(prompt_ids) -> tuple[int, ...]:
     if isinstance(prompt_ids, torch.Tensor):
         if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
