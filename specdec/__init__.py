@@ -1,13 +1,14 @@
 """specdec: lossless tree speculative decoding with Medusa heads for HF causal LMs."""
-from .api import GenerationResult, Loaded, generate, load
+from .api import GenerationResult, Loaded, generate, generate_batch, load
 from .draft_tree import PRESETS, Tree, build_tree
 from .engine import Engine
 from .events import EmittedToken, RoundEvent, TreeNode
 from .heads import HeadsConfig, MedusaHeads
 from .request import GenerationRequest
 from .sampler import SamplingParams
+from .scheduler import RequestFailed, Scheduler
 
-__all__ = ["load", "generate", "Loaded", "GenerationResult", "Engine", "SamplingParams", "RoundEvent",
-           "TreeNode", "EmittedToken", "MedusaHeads", "HeadsConfig", "Tree", "build_tree", "PRESETS",
+__all__ = ["load", "generate", "generate_batch", "Scheduler", "RequestFailed", "Loaded", "GenerationResult",
+           "Engine", "SamplingParams", "RoundEvent", "TreeNode", "EmittedToken", "MedusaHeads", "HeadsConfig", "Tree", "build_tree", "PRESETS",
            "GenerationRequest"]
 __version__ = "0.1.0"

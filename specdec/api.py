@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from .heads_io import read_heads
 from .lookup import DEFAULT_LOOKUP
 from .request import GenerationRequest
 from .sampler import SamplingParams
+from .scheduler import DEFAULT_MAX_BATCH_SIZE, RequestFailed, Scheduler
 from .stats import summarize
 from .target import TargetModel
 
@@ -44,10 +46,21 @@ class Loaded:
     tree_paths: tuple | None  # the tree shipped with the heads, if any
     engine: Engine = field(repr=False)
     name: str = ""
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE  # requests the scheduler decodes together
+    _scheduler: Scheduler | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def device(self) -> torch.device:
         return self.engine.target.device
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The one scheduler every generation on this model goes through (started on first use)."""
+        with self._lock:
+            if self._scheduler is None:
+                self._scheduler = Scheduler(self.engine, max_batch_size=self.max_batch_size)
+            return self._scheduler
 
     @property
     def has_chat_template(self) -> bool:
@@ -66,7 +79,7 @@ def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
 
 
 def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix_cache=None,
-         cost_cache: str | None | bool = True) -> Loaded:
+         cost_cache: str | None | bool = True, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE) -> Loaded:
     """Load a target model and its Medusa heads.
 
     Args:
@@ -82,7 +95,10 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
         cost_cache: where the dynamic tree's measured round costs are kept, per model, device and
             dtype: True for $SPECDEC_CACHE (default ~/.cache/specdec), a folder, or None/False to
             measure on first use in every process.
+        max_batch_size: requests decoded together by `Loaded.scheduler` (1: one at a time).
     """
+    if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 1:
+        raise ValueError(f"`max_batch_size` must be an integer >= 1, got {max_batch_size!r}")
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
     from transformers.utils import logging as hf_logging
 
@@ -126,7 +142,7 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
     if cost_cache is True:
         cost_cache = os.environ.get("SPECDEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "specdec")
     engine = Engine(target, head_mod, tokenizer, tree_paths, prefix_cache, cost_cache=cost_cache or None)
-    return Loaded(hf_model, tokenizer, head_mod, tree_paths, engine, name)
+    return Loaded(hf_model, tokenizer, head_mod, tree_paths, engine, name, max_batch_size)
 
 
 def heads_folder(heads: str) -> str:
@@ -150,6 +166,7 @@ class GenerationResult:
     text: str
     rounds: list[RoundEvent]
     stats: dict
+    error: str | None = None  # generate_batch: why this request ended early (its partial output is above)
 
     def to_dict(self) -> dict:
         return {"token_ids": self.token_ids, "text": self.text, "stats": self.stats,
@@ -201,14 +218,57 @@ def generate(loaded: Loaded, prompt: str | None = None, prompt_ids=None, max_new
     lookup_mode="first" a round whose context has an n-gram match drafts the
     lookup chain alone and the heads draft the rest; "merge" merges both.
     `chat=True` sends the prompt as one user turn through the tokenizer's chat template.
+    The request runs on `loaded.scheduler`, batched with whatever else runs there; an error inside
+    its round (its `on_round` callback raising, say) is a `RequestFailed` carrying its events so far.
     """
+    request = _request(loaded, prompt, prompt_ids, max_new_tokens, temperature, top_k, top_p, min_p, seed, tree,
+                       speculative, acceptance, eos_token_id, lookup, lookup_ngram, lookup_mode, chat)
+    t0 = time.perf_counter()
+    ticket = loaded.scheduler.submit(request, on_round=on_round)
+    ticket.done.wait()
+    if ticket.failure is not None:
+        raise RequestFailed(ticket.failure, ticket.events)
+    return _result(loaded, ticket.events, time.perf_counter() - t0)
+
+
+def generate_batch(loaded: Loaded, prompts: list[str] | None = None, prompt_ids: list | None = None,
+                   max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                   min_p: float = 0.0, seed: int | None = None, tree="auto", speculative: bool = True,
+                   acceptance: str = "auto", eos_token_id="auto", lookup: int = DEFAULT_LOOKUP,
+                   lookup_ngram: int = 3, lookup_mode: str = "first", chat: bool = False) -> list[GenerationResult]:
+    """Generate from several prompts (texts, or lists of ids) at once, decoded together on `loaded.scheduler`.
+
+    Every prompt gets the same settings (a seed seeds each request's own generator). Results come
+    in the prompts' order; a request that failed keeps its partial output, with `error` set.
+    """
+    if (prompts is None) == (prompt_ids is None):
+        raise ValueError("pass `prompts` (texts) or `prompt_ids` (lists of token ids), not both")
+    items = prompts if prompts is not None else prompt_ids
+    if isinstance(items, str) or not isinstance(items, (list, tuple)) or not items:
+        raise ValueError("`prompts` / `prompt_ids` must be a non-empty list")
+    requests = [_request(loaded, p if prompts is not None else None, p if prompts is None else None,
+                         max_new_tokens, temperature, top_k, top_p, min_p, seed, tree, speculative, acceptance,
+                         eos_token_id, lookup, lookup_ngram, lookup_mode, chat) for p in items]
+    t0 = time.perf_counter()
+    tickets = [loaded.scheduler.submit(r) for r in requests]
+    out = []
+    for t in tickets:
+        t.done.wait()
+        res = _result(loaded, t.events, time.perf_counter() - t0)
+        out.append(res if t.failure is None else GenerationResult(res.token_ids, res.text, res.rounds, res.stats,
+                                                                    str(t.failure)))
+    return out
+
+
+def _request(loaded: Loaded, prompt, prompt_ids, max_new_tokens, temperature, top_k, top_p, min_p, seed, tree,
+             speculative, acceptance, eos_token_id, lookup, lookup_ngram, lookup_mode, chat) -> GenerationRequest:
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     ids = encode(loaded, prompt, prompt_ids, chat)
-    t0 = time.perf_counter()
-    request = GenerationRequest(ids, max_new_tokens, params, tree, speculative, acceptance, eos_token_id, lookup,
-                                lookup_ngram, lookup_mode)
-    rounds = list(loaded.engine.stream(request, on_round=on_round))
-    seconds = time.perf_counter() - t0
+    return GenerationRequest(ids, max_new_tokens, params, tree, speculative, acceptance, eos_token_id, lookup,
+                             lookup_ngram, lookup_mode)
+
+
+def _result(loaded: Loaded, rounds: list[RoundEvent], seconds: float) -> GenerationResult:
     token_ids = [t.token_id for r in rounds for t in r.emitted]
     text = loaded.tokenizer.decode(token_ids, skip_special_tokens=True) if loaded.tokenizer is not None else ""
-    return GenerationResult(token_ids, text, rounds, result_stats(rounds, seconds))
+    return GenerationResult(token_ids, text, list(rounds), result_stats(rounds, seconds))

@@ -24,7 +24,7 @@ import threading
 import time
 from collections import Counter, deque
 from concurrent.futures import Future
-from typing import Callable, Iterable, Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 from . import kv_cache
 from .batch import CAUSES, Batch, FaultHook, Failure, Member, _message, cause_of
@@ -34,6 +34,7 @@ from .request import GenerationRequest
 
 log = logging.getLogger(__name__)
 _END = object()
+DEFAULT_MAX_BATCH_SIZE = 8
 
 
 class SchedulerMetrics(Protocol):
@@ -47,9 +48,10 @@ class SchedulerMetrics(Protocol):
 class RequestFailed(RuntimeError):
     """A request ended in error inside its own round; `failure` says where and why. Other requests go on."""
 
-    def __init__(self, failure: Failure) -> None:
+    def __init__(self, failure: Failure, events: list[RoundEvent] | None = None) -> None:
         super().__init__(str(failure))
         self.failure = failure
+        self.events = list(events or [])  # what the request had made before it failed
 
 
 class Ticket:
@@ -95,14 +97,14 @@ class Ticket:
             if not self.done.is_set():
                 self.cancel()  # the client stopped reading: free the slot
         if self.failure is not None:
-            raise RequestFailed(self.failure)
+            raise RequestFailed(self.failure, self.events)
 
     def result(self, timeout: float | None = None) -> list[RoundEvent]:
         """Wait for the end and return every event (RequestFailed if it failed)."""
         if not self.done.wait(timeout):
             raise TimeoutError(f"request {self.rid} still running after {timeout} s")
         if self.failure is not None:
-            raise RequestFailed(self.failure)
+            raise RequestFailed(self.failure, self.events)
         return list(self.events)
 
     # -- the scheduler's side --------------------------------------------------------------
@@ -126,7 +128,7 @@ class Ticket:
 class Scheduler:
     """Owns the model: runs the rounds of every submitted request, up to `max_batch_size` at once."""
 
-    def __init__(self, engine: Engine, max_batch_size: int = 8, prefill_chunk: int = 256,
+    def __init__(self, engine: Engine, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE, prefill_chunk: int = 256,
                  fault_hook: FaultHook | None = None, metrics: SchedulerMetrics | None = None) -> None:
         """Args:
             max_batch_size: requests decoded together (1: one at a time).
@@ -340,12 +342,3 @@ class Scheduler:
         for _, fut in self._calls:
             fut.set_exception(RuntimeError("the scheduler was closed"))
 
-
-def run_all(scheduler: Scheduler, requests: Iterable[GenerationRequest]) -> list[list[RoundEvent] | RequestFailed]:
-    """Submit every request at once and wait for all: each one's events, or its RequestFailed."""
-    tickets = [scheduler.submit(r) for r in requests]
-    out: list = []
-    for t in tickets:
-        t.done.wait()
-        out.append(RequestFailed(t.failure) if t.failure is not None else list(t.events))
-    return out

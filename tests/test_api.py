@@ -52,3 +52,35 @@ def test_heads_argument_errors(embedded, tmp_path):
         specdec.load(embedded.model, heads=str(tmp_path / "nope" / "heads"))
     with pytest.raises(ValueError, match="neither a local folder nor a downloadable hub repo"):
         specdec.load(embedded.model, heads="no-such-owner/no-such-heads")  # offline here: a clear error
+
+
+# -- every generation goes through the scheduler -------------------------------------------------
+
+def test_generate_batch_equals_generate_per_prompt(embedded):
+    prompts = ["def fibonacci(n):", "class Stack:", "import os"]
+    batch = specdec.generate_batch(embedded, prompts, max_new_tokens=24)
+    assert [r.text for r in batch] == [specdec.generate(embedded, p, max_new_tokens=24).text for p in prompts]
+    assert all(r.error is None and r.stats["new_tokens"] == 24 for r in batch)
+    ids = specdec.generate_batch(embedded, prompt_ids=[[5, 6, 7], [8, 9]], max_new_tokens=4, lookup=0)
+    assert [len(r.token_ids) for r in ids] == [4, 4]
+    for bad in ([], "one string", None):
+        with pytest.raises(ValueError, match="prompts"):
+            specdec.generate_batch(embedded, bad)
+
+
+def test_generate_raises_request_failed_with_the_partial_output(embedded):
+    def bad(ev):
+        if ev.index == 2:
+            raise ValueError("callback broke")
+
+    with pytest.raises(specdec.RequestFailed, match=r"round 2 \(callback, callback\).*callback broke") as e:
+        specdec.generate(embedded, "def f(x):", max_new_tokens=40, on_round=bad)
+    assert [ev.index for ev in e.value.events] == [0, 1, 2]
+    assert specdec.generate(embedded, "def f(x):", max_new_tokens=4).stats["new_tokens"] == 4  # the model is fine
+
+
+def test_max_batch_size_is_checked_and_reaches_the_scheduler(embedded):
+    with pytest.raises(ValueError, match="max_batch_size"):
+        specdec.load(embedded.model, heads=None, max_batch_size=0)
+    one = specdec.load(embedded.model, heads=embedded.heads, tokenizer=embedded.tokenizer, max_batch_size=1)
+    assert one.scheduler.max_batch_size == 1 and one.scheduler is one.scheduler
