@@ -2,11 +2,13 @@
 
 A round with an N-node tree costs, in seconds,
 
-    T(N) = forward(N) + heads·[the heads ran] + overhead
+    T(N) = forward(N) + heads·[the heads ran] + overhead (+ verify per extra node visited, sampling)
 
 where forward(N) is one target forward over N nodes plus their vocabulary rows, heads is one
-forward of the draft heads (and their top-k), and overhead is everything else the round does on
-the host (tree buffers, verification walk, commit, event). None of these is assumed: `measure`
+forward of the draft heads (and their top-k), overhead is everything else a plain round does on
+the host (tree buffers, verification, commit, event), and verify is what sampled verification
+adds for each further node it visits (filtering and sampling one more row; greedy verification
+takes every row in one product, so for it the extra is in forward(N)). None of these is assumed: `measure`
 times them on the loaded model in a couple of seconds, and `refreshed` folds in the running
 engine's own round timings. On a CPU forward(N) grows with N; on a GPU it is nearly flat up to
 tens of nodes, which is why the same policy drafts small trees on one and big trees on the other.
@@ -27,6 +29,7 @@ import torch
 
 from . import kv_cache
 from .draft_tree import PRESETS, build_tree
+from .sampler import SamplingParams, sample, target_probs
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -46,6 +49,7 @@ class CostModel:
     heads_s: float  # one heads forward and its top-k
     overhead_s: float  # everything else in a round, per round
     key: str = ""  # what it was measured for (model, device, dtype, threads)
+    verify_s: float = 0.0  # sampled verification, per visited node after the root
 
     def __post_init__(self) -> None:
         if not self.nodes or self.nodes[0] != 1 or len(self.nodes) != len(self.forward_s):
@@ -67,9 +71,11 @@ class CostModel:
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
         return ys[-1] + slope * (n - xs[-1])
 
-    def round_time(self, n: int, heads: bool) -> float:
-        """T(n): one round drafting an n-node tree (n = 1 is a plain round), with or without the heads."""
-        return self.forward(n) + (self.heads_s if heads else 0.0) + self.overhead_s
+    def round_time(self, n: int, heads: bool, visited: float = 1.0, sampled: bool = False) -> float:
+        """T(n): one round drafting an n-node tree (n = 1 is a plain round), with or without the heads,
+        whose verification visits `visited` nodes (root included; sampled verification pays per node)."""
+        extra = self.verify_s * max(visited - 1.0, 0.0) if sampled else 0.0
+        return self.forward(n) + (self.heads_s if heads else 0.0) + self.overhead_s + extra
 
     def refreshed(self, events: Iterable["RoundEvent"], weight: float = REFRESH_WEIGHT) -> "CostModel":
         """The model moved toward the timings of finished rounds (the engine's own, not a benchmark's).
@@ -102,7 +108,8 @@ class CostModel:
     @classmethod
     def from_json(cls, text: str) -> "CostModel":
         d = json.loads(text)
-        return cls(tuple(d["nodes"]), tuple(d["forward_s"]), d["heads_s"], d["overhead_s"], d.get("key", ""))
+        return cls(tuple(d["nodes"]), tuple(d["forward_s"]), d["heads_s"], d["overhead_s"], d.get("key", ""),
+                   d.get("verify_s", 0.0))
 
 
 def model_key(engine: "Engine") -> str:
@@ -170,21 +177,23 @@ def measure(engine: "Engine", budget_s: float = 2.0, max_nodes: int = 64, reps: 
         target.logits(hidden).argmax(-1).tolist()  # every row's argmax and one host sync, as greedy verify
         kv_cache.keep_path(cache, ctx, [])
 
-    # Round-robin over the counts, `reps` times, keeping each count's fastest: another process
-    # busy on the same cores slows some calls, never speeds one up, so the minimum is the
-    # machine's own cost, and interleaving spreads a burst over every count alike.
+    # Another process busy on the same cores slows some calls, never speeds one up, and a busy
+    # moment inflates a one-node forward as much as a big one, flattening the curve. So each
+    # count is timed right after a one-node forward, and the curve is the median of those paired
+    # ratios times the fastest one-node forward: the machine's own cost, and its own shape.
     counts = [n for n in NODE_COUNTS if n <= max_nodes]
-    best: dict[int, float] = {}
+    ones: list[float] = []
+    ratios: dict[int, list[float]] = {1: [1.0]}
     for rep in range(reps + 1):  # the first pass is the warm-up
-        for n in counts:
+        for n in counts[1:]:
             if rep > 1 and time.perf_counter() > deadline - 0.2 * budget_s:
-                break  # leave time for the heads and the overhead
-            start = _now()
-            forward(n)
+                break  # leave time for the heads, verification and the overhead
+            t1, tn = _timed(lambda: forward(1)), _timed(lambda: forward(n))
             if rep:
-                best[n] = min(best.get(n, float("inf")), _now() - start)
-    nodes = [n for n in counts if n in best]
-    times = [best[n] for n in nodes]
+                ones.append(t1)
+                ratios.setdefault(n, []).append(tn / t1)
+    nodes = [n for n in counts if n in ratios]
+    times = [min(ones) * statistics.median(ratios[n]) for n in nodes]
     for i in range(1, len(times)):
         times[i] = max(times[i], times[i - 1])  # timing noise must not make a bigger tree look cheaper
     if nodes[-1] < max_nodes and len(nodes) > 1:  # extrapolate what the budget did not reach
@@ -197,7 +206,12 @@ def measure(engine: "Engine", budget_s: float = 2.0, max_nodes: int = 64, reps: 
         kv_cache.keep_path(cache, ctx, [])
         heads_s = _time(lambda: torch.topk(engine.heads(h).float().softmax(-1), 10, -1)[0].tolist(), reps)
     overhead_s = _overhead(engine, ids[:16].tolist())
-    return CostModel(tuple(nodes), tuple(times), heads_s, overhead_s, model_key(engine))
+    row = target.logits(target.forward(ids[ctx : ctx + 1], cache)[-1])  # [V]
+    kv_cache.keep_path(cache, ctx, [])
+    law = SamplingParams(temperature=0.7, top_p=0.9)  # the app's default law: filters that cut
+    draws = torch.Generator(device=row.device).manual_seed(0)
+    verify_s = _time(lambda: sample(target_probs(row, law), draws), reps)
+    return CostModel(tuple(nodes), tuple(times), heads_s, overhead_s, model_key(engine), verify_s)
 
 
 def _overhead(engine: "Engine", prompt: list[int]) -> float:
@@ -207,6 +221,12 @@ def _overhead(engine: "Engine", prompt: list[int]) -> float:
     events = list(engine.stream(GenerationRequest(prompt, 12, speculative=False, eos_token_id=None)))
     rest = sorted((e.timings["total"] - e.timings["forward"]) / 1e3 for e in events[2:])
     return rest[len(rest) // 4] if rest else 0.0  # a low quantile, for the same reason as `measure`
+
+
+def _timed(fn) -> float:
+    start = _now()
+    fn()
+    return _now() - start
 
 
 def _now() -> float:

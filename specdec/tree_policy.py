@@ -182,7 +182,7 @@ class DynamicTree:
             return False
         if chain and self.heads_rate is not None:
             picks = _best_first([], self._lookup_estimates(chain, room, self.mode(greedy)), self.max_nodes - 1)
-            return self._best_prefix(picks)[1] < self.heads_rate
+            return self._best_prefix(picks, greedy)[1] < self.heads_rate
         return True
 
     def choose(self, q: list[list[float]] | None, chain: int, room: int, greedy: bool) -> Choice:
@@ -198,7 +198,7 @@ class DynamicTree:
         acc = self._head_estimates(q, room, mode)
         picks = _best_first(acc, self._lookup_estimates(chain, room, mode), self.max_nodes - 1)
         heads_ran = q is not None
-        best, _ = self._best_prefix(picks)
+        best, _ = self._best_prefix(picks, greedy)
         if heads_ran and picks:
             # Once the heads ran, draft at least their best node: a round without one teaches the
             # calibration nothing, and a cold estimate could then never warm up.
@@ -207,7 +207,7 @@ class DynamicTree:
         paths = tuple(sorted((p for kind, p, _ in taken if kind == "heads"), key=lambda p: (len(p), p)))
         n_chain = sum(1 for kind, _, _ in taken if kind == "lookup")
         expected = 1.0 + sum(v for _, _, v in taken)
-        return Choice(paths, n_chain, expected, self.cost.round_time(best + 1, heads_ran))
+        return Choice(paths, n_chain, expected, self.cost.round_time(best + 1, heads_ran, expected, not greedy))
 
     def observe(self, greedy: bool, heads: list[tuple[int, int, float, float]], lookup: list[tuple[int, float]],
                 nodes: int, accepted: int, heads_ran: bool) -> None:
@@ -218,7 +218,7 @@ class DynamicTree:
         `nodes` and `accepted` (tokens the round yielded) judge whether the heads pay their way.
         """
         if heads_ran:
-            self._rest_heads(nodes, accepted)
+            self._rest_heads(nodes, accepted, greedy)
         mode = self.mode(greedy)
         self.heads_cal[mode].observe([(_row(d, r), q, o) for d, r, q, o in heads])
         cal = self.lookup_cal[mode]
@@ -235,27 +235,27 @@ class DynamicTree:
         cal = self.lookup_cal[mode]
         return [cal.estimate(min(j, len(cal.score) - 1), 1.0) for j in range(min(chain, room))]
 
-    def _best_prefix(self, picks: list[tuple[str, tuple, float]]) -> tuple[int, float]:
+    def _best_prefix(self, picks: list[tuple[str, tuple, float]], greedy: bool) -> tuple[int, float]:
         """How many picks to keep, and its rate: the most expected tokens per second (0 = a plain round).
 
         The heads' own time is spent either way once they ran, so it does not count here.
         """
         best, best_rate, expected = 0, 1.0 / self.cost.round_time(1, False), 1.0
         for i, (_, _, v) in enumerate(picks, start=1):
-            expected += v
-            rate = expected / self.cost.round_time(i + 1, False)
+            expected += v  # ... tokens, and about as many nodes visited by verification
+            rate = expected / self.cost.round_time(i + 1, False, expected, not greedy)
             if rate > best_rate:
                 best, best_rate = i, rate
         return best, best_rate
 
-    def _rest_heads(self, nodes: int, accepted: int) -> None:
+    def _rest_heads(self, nodes: int, accepted: int, greedy: bool) -> None:
         """After a round that ran the heads: rest them while their rounds are no faster than plain ones.
 
         Judged on what rounds with the heads actually yielded per second (a running average), not
         on what they promised: the policy drafts exactly where its estimates are highest, which is
         also where they are most often too high.
         """
-        got = accepted / self.cost.round_time(nodes, True)
+        got = accepted / self.cost.round_time(nodes, True, accepted, not greedy)
         rate = self.heads_rate
         self.heads_rate = got if rate is None else rate + RATE_WEIGHT * (got - rate)
         plain = 1.0 / self.cost.round_time(1, False)
