@@ -21,6 +21,7 @@ import torch
 import specdec
 from components import Handlers, Session, Settings, layout, plots, serving
 from components.texts import API, SCROLL_TO_RACE_JS
+from specdec.batch import FaultHook, chaos
 from specdec.metrics import Metrics
 from specdec.prefix_cache import PrefixCache
 
@@ -52,7 +53,8 @@ def launch_kwargs(metrics: Metrics | None = None) -> dict:
 def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_size: int = 16,
                figure_interval: float = 1.0, text_interval: float = 0.1,
                on_round: Iterable[Callable[[specdec.RoundEvent], None]] = (),
-               metrics: Metrics | None = None, replay_interval: float = 0.8) -> gr.Blocks:
+               metrics: Metrics | None = None, replay_interval: float = 0.8,
+               fault_hook: FaultHook | None = None) -> gr.Blocks:
     """The whole app over one loaded model.
 
     Args:
@@ -65,7 +67,13 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
         metrics: the app's Prometheus metrics, fed by Generate requests and their rounds; serve them
             with `demo.launch(**launch_kwargs(metrics))`. None: no metrics.
         replay_interval: seconds per round when ▶ replays a run.
+        fault_hook: testing only: handed to the scheduler (see specdec.batch.chaos).
+
+    Every model call goes through `loaded.scheduler`, started here with `metrics` (batch sizes, the
+    wait for a batch slot, failures by cause) unless it is already running.
     """
+    if not loaded.serving:
+        loaded.serve(metrics=metrics, fault_hook=fault_hook)
     h = Handlers(loaded, max_prompt_tokens=max_prompt_tokens, figure_interval=figure_interval,
                  text_interval=text_interval, on_round=on_round, metrics=metrics, replay_interval=replay_interval)
     # Without heads, speculation still runs on prompt lookup alone (Settings' default lookup is DEFAULT_LOOKUP).
@@ -107,7 +115,9 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
         gen_outputs = [tokens, stats, tree_plot, rounds.slider, rounds.info, len_plot, depth_plot, tps_plot,
                        sampler_plot, round_style, event_json]
         round_outputs = [tree_plot, rounds.info, event_json, rounds.slider, round_style]
-        model_queue = dict(concurrency_id="model", concurrency_limit=1)
+        # Runs wait in Gradio's queue for one of the scheduler's batch slots; the scheduler decodes
+        # up to `max_batch_size` of them together (1: one run at a time, as before batching).
+        model_queue = dict(concurrency_id="model", concurrency_limit=loaded.max_batch_size)
         # Views never wait for the model queue. They are queued on their own (errors come back as
         # toasts, not HTTP 500s) and take raw values (preprocess=False): our own checks name the
         # allowed range, and a round past the slider's current maximum is clamped, not refused.
@@ -171,11 +181,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prefix-cache-mb", type=float, default=256.0,
                    help="memory budget of the prefix KV cache (LRU), in MiB (default: 256)")
     p.add_argument("--no-prefix-cache", action="store_true", help="prefill every prompt from scratch")
+    p.add_argument("--max-batch-size", type=int, default=specdec.scheduler.DEFAULT_MAX_BATCH_SIZE,
+                   help="requests decoded together, one target forward per round (1: one at a time; default: %(default)s)")
+    p.add_argument("--chaos", type=float, default=0.0, metavar="FRACTION",
+                   help="testing only: make about this fraction of requests fail mid-stream (loadtest.py --chaos)")
     args = p.parse_args(argv)
     if args.max_prompt_tokens < 1:
         p.error(f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
     if args.queue_size < 1:
         p.error(f"--queue-size must be >= 1, got {args.queue_size}")
+    if args.max_batch_size < 1:
+        p.error(f"--max-batch-size must be >= 1, got {args.max_batch_size}")
+    if not 0 <= args.chaos <= 1:
+        p.error(f"--chaos must be in [0, 1], got {args.chaos}")
     if args.prefix_cache_mb <= 0:
         p.error(f"--prefix-cache-mb must be > 0, got {args.prefix_cache_mb} (use --no-prefix-cache to switch it off)")
     return args
@@ -188,13 +206,14 @@ def prefix_cache(args: argparse.Namespace) -> PrefixCache | None:
 def main(argv=None) -> None:
     args = parse_args(argv)
     loaded = specdec.load(args.model, heads=args.heads, device=args.device, dtype=args.dtype,
-                          prefix_cache=prefix_cache(args))
+                          prefix_cache=prefix_cache(args), max_batch_size=args.max_batch_size)
     if loaded.device.type == "cuda":
         # cuDNN attention builds a plan for every new (query, cache) length: measured on an H200,
         # it made a user's first 128-token run 10.3 s instead of 4.0 s. The other SDPA kernels don't.
         torch.backends.cuda.enable_cudnn_sdp(False)
     metrics = Metrics()  # one registry per app; served at /metrics
-    demo = build_demo(loaded, max_prompt_tokens=args.max_prompt_tokens, queue_size=args.queue_size, metrics=metrics)
+    demo = build_demo(loaded, max_prompt_tokens=args.max_prompt_tokens, queue_size=args.queue_size, metrics=metrics,
+                      fault_hook=chaos(args.chaos) if args.chaos else None)
     demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs(metrics))
 
 

@@ -5,11 +5,18 @@
     python loadtest.py --clients 8 --disconnect 2   # 2 clients drop their stream midway
     python loadtest.py --shared-prefix system.txt   # every prompt starts with this text (prefix cache)
 
+    python app.py --max-batch-size 1 --port 7861 &  # a chaos run: a one-at-a-time reference, then
+    python app.py --chaos 0.25 --port 7862 &        # a batched server where about 25% of requests fail
+    python loadtest.py --url http://127.0.0.1:7861/ --json ref.json
+    python loadtest.py --url http://127.0.0.1:7862/ --reference ref.json   # others identical to ref.json?
+
 N concurrent clients each send up to --requests generations (bounded in
 total time by --duration). For each request we record time to first
 token (first streamed update carrying a token), time per output token
 after the first, and end-to-end latency; the report gives completed,
 failed and cancelled requests, requests/s, tokens/s, and p50/p90/p99.
+With --reference (an earlier run's --json), every completed request's text
+is compared with the reference text for the same prompt, seed and settings.
 """
 from __future__ import annotations
 
@@ -40,15 +47,20 @@ class Result:
     e2e: float | None = None
     tokens: int = 0
     error: str = ""
+    prompt: str = ""
+    seed: int = 0
+    text: str = ""
 
 
 def one_request(client, cid: int, args, rng: random.Random, disconnect: bool, prefix: str = "") -> Result:
     t0 = time.perf_counter()
     ttft, tokens, last = None, 0, None
     tree = {} if args.tree is None else {"tree": args.tree}  # omitted: the app's default (the trained tree)
-    job = client.submit(prompt=prefix + rng.choice(PROMPTS), temperature=args.temperature, top_k=0, top_p=1.0,
-                        min_p=0.0, max_new_tokens=args.max_new_tokens, seed=rng.randrange(10**6), acceptance="lossless",
+    prompt, seed = prefix + rng.choice(PROMPTS), rng.randrange(10**6)
+    job = client.submit(prompt=prompt, temperature=args.temperature, top_k=0, top_p=1.0,
+                        min_p=0.0, max_new_tokens=args.max_new_tokens, seed=seed, acceptance="lossless",
                         speculative=True, api_name="/generate", **tree)
+    who = dict(prompt=prompt, seed=seed)
     try:
         for update in job:
             record = update[-1] if isinstance(update, (list, tuple)) else None
@@ -58,19 +70,25 @@ def one_request(client, cid: int, args, rng: random.Random, disconnect: bool, pr
             tokens, last = max(tokens, n), record
             if disconnect and tokens >= max(2, args.max_new_tokens // 4):
                 job.cancel()  # drop the stream midway: the server closes the generator, as for a closed tab
-                return Result(cid, "cancelled", ttft, None, time.perf_counter() - t0, tokens)
+                return Result(cid, "cancelled", ttft, None, time.perf_counter() - t0, tokens, **who)
     except Exception as e:  # a failed request is data here, not a crash of the load test
-        return Result(cid, "failed", ttft, None, time.perf_counter() - t0, tokens, repr(e)[:200])
+        return Result(cid, "failed", ttft, None, time.perf_counter() - t0, tokens, repr(e)[:200], **who)
     e2e = time.perf_counter() - t0
+    try:  # a request that fails mid-stream ends the iteration quietly too; the job keeps the error
+        failure = job.exception(timeout=30)
+    except Exception as e:  # noqa: BLE001 (reported, not raised)
+        failure = e
+    if failure is not None:
+        return Result(cid, "failed", ttft, None, e2e, tokens, repr(failure)[:200], **who)
     if last is None or tokens == 0:
         try:  # an upstream error ends the iteration quietly; the job keeps it
             job.result()
             error = "no tokens streamed"
         except Exception as e:  # noqa: BLE001 (reported, not raised)
             error = repr(e)[:200]
-        return Result(cid, "failed", ttft, None, e2e, tokens, error)
+        return Result(cid, "failed", ttft, None, e2e, tokens, error, **who)
     tpot = (e2e - ttft) / (tokens - 1) if tokens > 1 and ttft is not None else None
-    return Result(cid, "ok", ttft, tpot, e2e, tokens)
+    return Result(cid, "ok", ttft, tpot, e2e, tokens, **who, text=str(last.get("text", "")))
 
 
 def run(args) -> dict:
@@ -113,7 +131,23 @@ def run(args) -> dict:
         "errors": [r.error for r in results if r.outcome == "failed"][:5],
         "results": [asdict(r) for r in results],
     }
+    if args.reference:
+        report["reference"] = compare_with(results, json.loads(Path(args.reference).read_text()), args)
     return report
+
+
+def compare_with(results: list[Result], reference: dict, args) -> dict:
+    """How many completed requests produced exactly the reference run's text for the same request.
+
+    Greedy text depends only on the prompt; sampled text also on the seed (and the same settings).
+    """
+    key = (lambda r: r["prompt"]) if args.temperature == 0 else (lambda r: (r["prompt"], r["seed"]))
+    ref = {key(r): r["text"] for r in reference["results"] if r["outcome"] == "ok"}
+    ok = [asdict(r) for r in results if r.outcome == "ok"]
+    compared = [r for r in ok if key(r) in ref]
+    same = [r for r in compared if r["text"] == ref[key(r)]]
+    return {"compared": len(compared), "identical": len(same), "missing": len(ok) - len(compared),
+            "different": [r["prompt"][:40] for r in compared if r["text"] != ref[key(r)]][:5]}
 
 
 def markdown(rep: dict) -> str:
@@ -134,6 +168,10 @@ def markdown(rep: dict) -> str:
                       ("e2e_s", "end-to-end")):
         p = rep[key]
         lines.append(f"| {name} | {f(p['p50'])} | {f(p['p90'])} | {f(p['p99'])} |")
+    ref = rep.get("reference")
+    if ref is not None:
+        lines += ["", f"identical to the reference run: {ref['identical']} of {ref['compared']} completed requests"
+                      + (f" ({ref['missing']} without a reference)" if ref["missing"] else "")]
     return "\n".join(lines)
 
 
@@ -150,6 +188,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--shared-prefix", default=None, help="a text file put before every prompt")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write the full report here")
+    ap.add_argument("--reference", default=None,
+                    help="an earlier run's --json: compare each completed request's text with it")
+    ap.add_argument("--allow-failures", action="store_true",
+                    help="exit 0 even when requests failed (a chaos run against `app.py --chaos`)")
     args = ap.parse_args(argv)
     if args.clients < 1 or args.requests < 1:
         ap.error("--clients and --requests must be >= 1")
@@ -163,7 +205,9 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rep, fh, indent=2)
-    return 1 if rep["failed"] else 0
+    ref = rep.get("reference")
+    differs = ref is not None and ref["identical"] != ref["compared"]
+    return 1 if (rep["failed"] and not args.allow_failures) or differs else 0
 
 
 if __name__ == "__main__":

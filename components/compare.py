@@ -49,11 +49,11 @@ class RaceView:
             warm = settings.max_new_tokens if cuda else min(4, settings.max_new_tokens)
             yield "Warming up both decoders…", "", ""
             for spec in (True, False):
-                s = self.gate.stream(settings.request(ids, params, spec, warm), should_stop=stop)
+                s = self.gate.stream(settings.request(ids, params, spec, warm), solo=True, should_stop=stop)
                 while self.gate.step(s)[0] is not None:
                     pass
             for spec in (True, False):
-                streams[spec] = self.gate.stream(settings.request(ids, params, spec), should_stop=stop)
+                streams[spec] = self.gate.stream(settings.request(ids, params, spec), solo=True, should_stop=stop)
             tick = Throttle(0.3)
             while not all(lane["done"] for lane in lanes.values()) and not run.stopped:
                 spec = min((k for k in lanes if not lanes[k]["done"]), key=lambda k: lanes[k]["seconds"])

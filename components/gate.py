@@ -1,53 +1,76 @@
-"""The app's one way to the model: the engine's narrow face, one target forward at a time.
+"""The app's one way to the model: the scheduler that owns it, through the engine's narrow face.
 
-Every target forward the app starts (each round of a generation or a race, each sampler-view
-forward) runs under `lock`, so a sampler view interleaves between two rounds and never runs
-during one. Through here the UI sees only plain values: `info()`, round events, sampler rows.
+Generate streams go through `Scheduler.submit`: concurrent users are decoded together, each
+request's events arrive on its own queue, and closing a stream (Stop, a closed tab) frees its slot
+by the next round. Compare's lanes and the sampler view run on the scheduler's thread between two
+rounds (`Scheduler.call`): a race times the engine alone, and a sampler-view forward never runs
+during a round. Through here the UI sees only plain values: `info()`, round events, sampler rows.
 """
 from __future__ import annotations
 
-import threading
 import time
 
-from specdec import Engine, GenerationRequest, RoundEvent, SamplingParams
+from specdec import Engine, GenerationRequest, RequestFailed, RoundEvent, SamplingParams, Scheduler
 
 from .updates import user_error
 
 
-class ModelGate:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.info = engine.info()  # plain values: model, size, device, context, tree presets, heads, cache
-        self.lock = threading.Lock()
+class _Solo:
+    """A race lane: the engine's own stream, each round run on the scheduler's thread."""
 
-    def stream(self, request: GenerationRequest, **callbacks):
-        """`engine.stream(request)`: the request is checked against the model now (a refusal is a toast);
-        its rounds run on `step`."""
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+
+class ModelGate:
+    def __init__(self, engine: Engine, scheduler: Scheduler | None = None) -> None:
+        self.engine = engine
+        self.scheduler = scheduler or Scheduler(engine, max_batch_size=1)
+        self.info = engine.info()  # plain values: model, size, device, context, tree presets, heads, cache
+
+    def stream(self, request: GenerationRequest, solo: bool = False, **callbacks):
+        """A request's event stream: batched with other users' requests, or (`solo`, for a race) alone.
+
+        The request is checked against the model now (a refusal is a toast); its rounds come from `step`.
+        """
         try:
-            return self.engine.stream(request, **callbacks)
+            if solo:
+                return _Solo(self.engine.stream(request, **callbacks))
+            return iter(self.scheduler.submit(request, **callbacks))
         except ValueError as e:
             raise user_error(e) from None
 
     def step(self, stream) -> tuple[RoundEvent | None, float]:
-        """One round of a stream under the lock -> (event or None at the end, seconds)."""
-        with self.lock:
-            t0 = time.perf_counter()
-            try:
-                ev = next(stream, None)
-            except ValueError as e:  # a request the engine refuses once it starts
-                raise user_error(e) from None
-            return ev, time.perf_counter() - t0
+        """The stream's next round -> (event or None at the end, seconds).
+
+        For a batched stream the seconds are the wait for the event; for a race lane, the round's own time.
+        """
+        t0 = time.perf_counter()
+        try:
+            if isinstance(stream, _Solo):
+                return self.scheduler.call(self._timed_next, stream.stream)
+            return next(stream, None), time.perf_counter() - t0
+        except (ValueError, RequestFailed) as e:  # a request refused once it starts, or ended by a fault
+            raise user_error(e) from None
+
+    @staticmethod
+    def _timed_next(stream) -> tuple[RoundEvent | None, float]:
+        t0 = time.perf_counter()
+        ev = next(stream, None)
+        return ev, time.perf_counter() - t0
 
     def close(self, stream) -> None:
-        with self.lock:
-            stream.close()  # frees the KV cache (also when Gradio closes us: Stop, disconnect)
+        """End a stream early: a batched request leaves the batch by the next round; a race lane frees its cache."""
+        if isinstance(stream, _Solo):
+            self.scheduler.call(stream.stream.close)
+        else:
+            stream.close()
 
     def sampler_rows(self, ids: list[int], params: SamplingParams, top: int) -> list[dict]:
-        """The sampler view's rows after `ids`: one small forward, under the lock."""
+        """The sampler view's rows after `ids`: one small forward, between two rounds."""
         ctx = self.info["context"]
         ids = ids[-(ctx - 1):] if ctx else ids  # the sampler view only needs the most recent context
-        with self.lock:
-            return self.engine.sampler_rows(ids, params, top)
+        return self.scheduler.call(self.engine.sampler_rows, ids, params, top)
 
     def prefix_cache(self) -> dict | None:
         """The prefix cache's budget, fill and hit ratio now (None: no cache)."""

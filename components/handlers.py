@@ -60,7 +60,7 @@ class Handlers(RoundViews, SamplerView, RaceView):
                  on_round: Iterable[Callable[[RoundEvent], None]] = (), sampler_top: int = 20,
                  metrics: Metrics | None = None, replay_interval: float = 0.8) -> None:
         self.loaded = loaded  # for `encode` (the tokenizer and its chat template)
-        self.gate = ModelGate(loaded.engine)
+        self.gate = ModelGate(loaded.engine, loaded.scheduler)  # every model call goes through the scheduler
         self.metrics = metrics  # the app's Prometheus metrics (Generate requests only), or None
         ctx = self.gate.info["context"]
         self.max_prompt_tokens = min(max_prompt_tokens, ctx - 2) if ctx else max_prompt_tokens
@@ -119,8 +119,9 @@ class Handlers(RoundViews, SamplerView, RaceView):
                  speculative, lookup, lookup_mode, chat, session: Session, request: gr.Request | None = None):
         """Stream one generation: an update per round (batched when rounds are fast), figures throttled.
 
-        Each yield costs Gradio a diff and a message, and the engine only runs while we are not
-        suspended at a yield, so yielding per round would pace decoding by the UI. Stop ends the
+        The scheduler decodes this request together with other users' while we render; each yield
+        costs Gradio a diff and a message, so rounds that arrive faster than `text_interval` share
+        one update. Stop ends the
         run at the next round boundary and the last update still carries every figure. `request`
         (from Gradio) stamps the request's arrival for the latency metrics.
         """

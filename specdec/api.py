@@ -63,6 +63,20 @@ class Loaded:
             return self._scheduler
 
     @property
+    def serving(self) -> bool:
+        """Whether this model's scheduler has started."""
+        return self._scheduler is not None
+
+    def serve(self, **options) -> Scheduler:
+        """Start this model's scheduler with `options` (`metrics`, `fault_hook`, `prefill_chunk`; see
+        `Scheduler`); call it before the first generation. Returns the scheduler."""
+        with self._lock:
+            if self._scheduler is not None:
+                raise RuntimeError("this model's scheduler is already running: call serve() before generating")
+            self._scheduler = Scheduler(self.engine, max_batch_size=self.max_batch_size, **options)
+            return self._scheduler
+
+    @property
     def has_chat_template(self) -> bool:
         """True when the tokenizer can wrap a prompt as a chat turn (`generate(..., chat=True)`)."""
         return bool(getattr(self.tokenizer, "chat_template", None))

@@ -285,6 +285,23 @@ class Batch:
             self.fault_hook(m.rid, m.index, step)
 
 
+def chaos(fraction: float, at_round: int = 3) -> FaultHook:
+    """A fault hook for chaos runs: about `fraction` of requests (by id) fail in round `at_round`,
+    alternately with a simulated CUDA out-of-memory in the shared forward and an error in their verify."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"`fraction` must be in (0, 1], got {fraction!r}")
+    every = round(1 / fraction)
+
+    def hook(rid: int, index: int, step: str) -> None:
+        if rid % every == every - 1 and index == at_round:
+            if (rid // every) % 2 == 0 and step == "forward":
+                raise torch.OutOfMemoryError("CUDA out of memory (injected by the chaos hook)")
+            if (rid // every) % 2 == 1 and step == "verify":
+                raise RuntimeError("injected by the chaos hook")
+
+    return hook
+
+
 class _SharedHeads:
     """The heads' logits of every member in one call, made when the first member's draft asks for them.
 

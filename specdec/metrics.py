@@ -19,6 +19,7 @@ from .events import RoundEvent
 from .stats import round_depths
 
 _LEN_BUCKETS = (1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 8)
+_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 _MS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
@@ -47,6 +48,15 @@ class Metrics:
                              registry=r)
         self.queue_wait = Histogram("specdec_queue_wait_seconds", "Time a request waited for the model",
                                     buckets=_MS + (30, 60), registry=r)
+        # The scheduler's own figures (specdec.scheduler.SchedulerMetrics): rounds by batch size, the wait
+        # for a batch slot (after the HTTP queue above), and requests ended by a fault, by cause.
+        self.batch_size = Histogram("specdec_batch_size", "Requests decoded together in one round (one target forward)",
+                                    buckets=_BATCH_BUCKETS, registry=r)
+        self.scheduler_wait = Histogram("specdec_scheduler_wait_seconds",
+                                        "Time a submitted request waited for a batch slot before its prefill",
+                                        buckets=_MS + (30, 60), registry=r)
+        self.failures = Counter("specdec_request_failures", "Requests ended by a fault in their own round, by cause",
+                                ["cause"], registry=r)
         self.in_flight = Gauge("specdec_requests_in_flight", "Requests being generated", registry=r)
         self.cache_bytes = Gauge("specdec_prefix_cache_bytes", "Bytes held by the prefix KV cache", registry=r)
         self.cache_hit_ratio = Gauge("specdec_prefix_cache_hit_ratio", "Prefix-cache hits / lookups", registry=r)
@@ -68,6 +78,15 @@ class Metrics:
                 self.rounds_per_depth.labels(depth=str(d)).inc()
             for d in range(1, accepted + 1):  # the accepted path holds one node per depth
                 self.accepted_per_depth.labels(depth=str(d)).inc()
+
+    def observe_batch(self, size: int) -> None:
+        self.batch_size.observe(size)
+
+    def observe_queue_wait(self, seconds: float) -> None:
+        self.scheduler_wait.observe(seconds)
+
+    def observe_failure(self, cause: str) -> None:
+        self.failures.labels(cause=cause).inc()
 
     def observe_cache(self, cache: dict | None) -> None:
         """The prefix cache's state, as `Engine.info()["prefix_cache"]` gives it (None: no cache)."""

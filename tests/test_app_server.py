@@ -212,7 +212,8 @@ def test_app_wiring_queue_spaces_and_arguments(server, monkeypatch):
     assert demo._queue.max_size == 3
     model_events = {f.api_name for f in demo.fns.values() if f.concurrency_id == "model"}
     assert model_events == {"generate", "compare"}
-    assert all(f.concurrency_limit == 1 for f in demo.fns.values() if f.concurrency_id == "model")
+    # as many runs at once as the scheduler decodes together (the rest wait in Gradio's queue)
+    assert all(f.concurrency_limit == loaded.max_batch_size for f in demo.fns.values() if f.concurrency_id == "model")
     # Views never wait in the model queue; queued on their own so that errors come back as toasts.
     views = [f for f in demo.fns.values() if f.api_name in ("set_sampling", "round")]
     assert len(views) == 2 and all(f.queue and f.concurrency_id == "views" for f in views)
@@ -230,6 +231,11 @@ def test_app_wiring_queue_spaces_and_arguments(server, monkeypatch):
     args = app.parse_args([])
     assert (args.model, args.heads, args.port) == ("some/model", "random", 7860)
     assert app.parse_args(["--model", "x", "--port", "9000", "--host", "0.0.0.0"]).port == 9000
+    assert (args.max_batch_size, args.chaos) == (specdec.scheduler.DEFAULT_MAX_BATCH_SIZE, 0.0)
+    assert app.parse_args(["--max-batch-size", "1", "--chaos", "0.25"]).max_batch_size == 1
+    for bad in (["--max-batch-size", "0"], ["--chaos", "2"]):
+        with pytest.raises(SystemExit):
+            app.parse_args(bad)
 
 
 def test_api_inputs_have_types_and_describe_themselves(server):

@@ -27,17 +27,22 @@ def test_handler_generate_matches_the_library(handlers):
 
 
 def test_handler_stop_and_live_tuning(handlers):
+    """The scheduler decodes while the handler renders: a slider change reaches every round after it,
+    and Stop ends the run within one round."""
     session = Session()
-    gen = handlers.generate("class Stack:", *{**CONTROLS, "max_new_tokens": 200}.values(), session)
+    gen = handlers.generate("class Stack:", *{**CONTROLS, "max_new_tokens": 400}.values(), session)
     first = next(gen)
     assert first[-1]["round"] == 0
-    handlers.sampler_view("class Stack:", 1.5, 7, 0.9, 0.05, "lossless", False, session)
-    next(gen)
-    assert session.run.events[-1].params["temperature"] == 1.5
+    before = len(session.run.events)
+    handlers.sampler_view("class Stack:", 1.5, 7, 0.9, 0.05, "lossless", False, session)  # between two rounds
     handlers.stop(session)
+    stopped_at = len(session.run.events)
     rest = list(gen)
     assert rest[-1][-1]["finished"] == "stopped"
-    assert len(session.run.events) <= 3
+    temps = [ev.params["temperature"] for ev in session.run.events]
+    k = temps.index(1.5)  # the first round that read the new settings; every later one reads them too
+    assert before <= k <= stopped_at and set(temps[:k]) == {0.0} and set(temps[k:]) == {1.5}
+    assert len(temps) <= stopped_at + 1  # Stop: at most the round already running
     assert "settings changed" in rest[-1][1]
 
 

@@ -162,6 +162,40 @@ def test_short_load_test_has_no_failures(server):
     assert delta(m, before, "specdec_requests_total", outcome="ok") == 4
 
 
+@pytest.mark.server
+def test_concurrent_clients_are_batched_and_a_chaos_run_fails_only_its_victims():
+    """Half the requests fail mid-stream (the chaos hook); every other one completes with the text of
+    its solo run, and /metrics counts the failures by cause and the rounds by batch size."""
+    from specdec.batch import chaos
+
+    loaded = specdec.load(device="cpu", max_batch_size=4)
+    metrics = Metrics()
+    demo = build_demo(loaded, max_prompt_tokens=64, figure_interval=60.0, text_interval=0.0, metrics=metrics,
+                      fault_hook=chaos(0.5, at_round=2))
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
+                            quiet=True, **launch_kwargs(metrics))
+    try:
+        args = loadtest.parse_args(["--url", url, "--clients", "4", "--requests", "2", "--max-new-tokens", "24",
+                                    "--duration", "60"])
+        rep = loadtest.run(args)
+        m = scrape(url)
+    finally:
+        demo.close()
+    assert rep["completed"] + rep["failed"] == 8 and rep["failed"] == 4, rep["errors"]
+    assert all("chaos hook" in e for e in rep["errors"])
+    alone = specdec.load(device="cpu", max_batch_size=1)  # no chaos there
+    solo = {p: specdec.generate(alone, p, max_new_tokens=24).text
+            for p in {r["prompt"] for r in rep["results"]}}
+    done = [r for r in rep["results"] if r["outcome"] == "ok"]
+    assert [r["text"] for r in done] == [solo[r["prompt"]] for r in done]
+    assert val(m, "specdec_request_failures_total", cause="out_of_memory") == 2
+    assert val(m, "specdec_request_failures_total", cause="error") == 2
+    assert val(m, "specdec_batch_size_count") > 0
+    assert val(m, "specdec_batch_size_sum") > val(m, "specdec_batch_size_count")  # some rounds had company
+    assert val(m, "specdec_scheduler_wait_seconds_count") == 8
+    assert val(m, "specdec_requests_total", outcome="error") == 4
+
+
 def test_request_metrics_outcomes_without_a_server():
     m = Metrics()
     get = lambda name, **kw: m.registry.get_sample_value(name, kw) or 0.0  # noqa: E731
