@@ -71,11 +71,12 @@ class CostModel:
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
         return ys[-1] + slope * (n - xs[-1])
 
-    def round_time(self, n: int, heads: bool, visited: float = 1.0, sampled: bool = False) -> float:
-        """T(n): one round drafting an n-node tree (n = 1 is a plain round), with or without the heads,
-        whose verification visits `visited` nodes (root included; sampled verification pays per node)."""
+    def round_time(self, n: int, heads: float, visited: float = 1.0, sampled: bool = False) -> float:
+        """T(n): one round drafting an n-node tree (n = 1 is a plain round), with the heads (1), a
+        share of them (a probe of the first head: 1/K) or none (0), whose verification visits
+        `visited` nodes (root included; sampled verification pays per node)."""
         extra = self.verify_s * max(visited - 1.0, 0.0) if sampled else 0.0
-        return self.forward(n) + (self.heads_s if heads else 0.0) + self.overhead_s + extra
+        return self.forward(n) + self.heads_s * float(heads) + self.overhead_s + extra
 
     def refreshed(self, events: Iterable["RoundEvent"], weight: float = REFRESH_WEIGHT) -> "CostModel":
         """The model moved toward the timings of finished rounds (the engine's own, not a benchmark's).
@@ -92,7 +93,7 @@ class CostModel:
             n = max(len(ev.nodes), 1)
             at = min(self.nodes, key=lambda x: abs(x - n))
             by_n.setdefault(at, []).append(ev.timings["forward"] / 1e3)
-            if ev.extra.get("heads_ran"):
+            if ev.extra.get("heads_ran") == 1:  # all of them (a probe runs the first head alone)
                 heads.append(ev.timings.get("draft", 0.0) / 1e3)
             other.append((ev.timings["total"] - ev.timings["forward"] - ev.timings.get("draft", 0.0)) / 1e3)
         blend = (lambda old, xs: old + weight * (statistics.median(xs) - old) if xs else old)
@@ -202,9 +203,22 @@ def measure(engine: "Engine", budget_s: float = 2.0, max_nodes: int = 64, reps: 
         times.append(times[-1] + slope * (max_nodes - nodes[-2]))
     heads_s = 0.0
     if engine.heads is not None:
+        # What the heads add to a round: themselves, and the next forward's slowdown (on a CPU
+        # their weights push the target's out of cache). Timed as heads + forward against a
+        # forward alone, back to back, like the counts above.
         h = target.forward(ids[ctx : ctx + 1], cache)[-1]
         kv_cache.keep_path(cache, ctx, [])
-        heads_s = _time(lambda: torch.topk(engine.heads(h).float().softmax(-1), 10, -1)[0].tolist(), reps)
+
+        def heads_then_forward() -> None:
+            torch.topk(engine.heads(h).float().softmax(-1), 10, -1)[0].tolist()
+            forward(1)
+
+        added = []
+        for rep in range(reps + 1):
+            t1, th = _timed(lambda: forward(1)), _timed(heads_then_forward)
+            if rep:
+                added.append(th - t1)
+        heads_s = max(statistics.median(added), 0.0)
     overhead_s = _overhead(engine, ids[:16].tolist())
     row = target.logits(target.forward(ids[ctx : ctx + 1], cache)[-1])  # [V]
     kv_cache.keep_path(cache, ctx, [])

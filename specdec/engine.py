@@ -221,7 +221,7 @@ class Engine:
         tree = plan.tree if plan.tree.max_depth <= room else plan.tree.truncated(room)
         if chain and req.lookup_mode == "first":
             tree = ROOT_ONLY  # the context repeats: skip the heads' cost this round
-        heads_ran = tree.num_nodes > 1
+        heads_ran = 1.0 if tree.num_nodes > 1 else 0.0
         tokens, q = self._fill(tree, run)
         if chain:
             tree, tokens = self._graft(tree, tokens, chain)
@@ -231,10 +231,11 @@ class Engine:
     def _draft_dynamic(self, run: "RunState", params: SamplingParams, chain: list[int], room: int) -> "Draft":
         """Step 1 under the "auto" policy: score the heads' candidates, let the policy pick the tree."""
         policy, scores, top = run.policy, None, None
-        if self.heads is not None and policy.wants_heads(len(chain), room, params.greedy):
+        k = policy.wants_heads(len(chain), room, params.greedy) if self.heads is not None else 0
+        if k:
             with torch.inference_mode():
                 # Scored under the round's own filters: that is the law the target is verified with.
-                top_q, top_i, score = head_scores(self._head_logits(run)[:room], params)  # [D, k] each
+                top_q, top_i, score = head_scores(self._head_logits(run, min(k, room)), params)  # [D, k] each
                 host = torch.stack([top_q, score, top_i.float()]).tolist()  # one host sync; ids < 2**24 are exact
             top, scores = (host[0], [[int(t) for t in row] for row in host[2]]), host[1]
         if scores is None and not chain:  # the heads rest and nothing repeats: a plain round
@@ -257,7 +258,7 @@ class Engine:
                 first = len(chain) - len(rest)  # chain positions the merged head nodes stood in for
                 learn += [("lookup", first + j) for j in range(len(rest))]
         return Draft(tree, tokens, q, drafted=True, learn=tuple(learn), expected=choice.expected,
-                     heads_ran=scores is not None)
+                     heads_ran=k / self.heads.config.num_heads if k else 0.0)
 
     def _forward(self, run: "RunState", draft: "Draft | None") -> torch.Tensor:
         """Step 2: one target forward of the round's nodes (round 0: the uncached prompt). -> [N, H]"""
@@ -343,20 +344,22 @@ class Engine:
         clock.lap("event")  # building the node list counts as event time
         extra = {"seed": run.seed} if index == 0 else {}
         if draft is not None and draft.heads_ran:
-            extra["heads_ran"] = True
+            extra["heads_ran"] = draft.heads_ran  # the share of the heads: 1, or 1/K for a probe
         return RoundEvent(index, nodes, tuple(path), emitted, params.to_dict(), run.plan.rule(params),
                           run.plan.request.speculative, clock.total(), run.produced, run.finished,
                           prompt_tokens=len(run.plan.ids), prefix_cache_hit=run.hit if index == 0 else 0,
                           extra=extra, expected_length=draft.expected if draft is not None else None)
 
     # -- pieces of the steps --------------------------------------------------
-    def _head_logits(self, run: "RunState") -> torch.Tensor:
-        """The heads' logits after the run's last committed token. -> [K, V]
+    def _head_logits(self, run: "RunState", k: int | None = None) -> torch.Tensor:
+        """The first k heads' logits (all: None) after the run's last committed token. -> [k, V]
 
         In a batched round `run.shared_heads` computes every member's rows in one call, on first use.
         """
         if run.shared_heads is not None:
-            return run.shared_heads(run)
+            return run.shared_heads(run)[:k]
+        if k is not None and k < self.heads.config.num_heads:
+            return self.heads.first(run.h_last, k)
         return self.heads(run.h_last)
 
     def _fill(self, tree: Tree, run: "RunState") -> tuple[list[int], list[float | None]]:

@@ -78,6 +78,13 @@ class MedusaHeads(nn.Module):
         head = self._shared[0] if self.config.shared_lm_head else self.lm_heads[k]
         return head(x)
 
+    def first(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
+        """The first k heads' logits only (a cheap probe). [H] -> [k, V]"""
+        if type(self).forward is not MedusaHeads.forward or self.config.shared_lm_head or k >= self.config.num_heads:
+            return self(hidden)[:k]  # a subclass computes its own way; shared heads cost one pass anyway
+        x = torch.stack([blk(hidden) for blk in self.blocks[:k]])  # [k, H]
+        return torch.stack([head(x[i]) for i, head in enumerate(self.lm_heads[:k])])
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         x = torch.stack([blk(hidden) for blk in self.blocks])  # [K, ..., H]
         if self.config.shared_lm_head:

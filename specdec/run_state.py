@@ -32,7 +32,7 @@ class Draft:
     # position), None for the root; empty for static trees.
     learn: tuple = ()
     expected: float | None = None  # the policy's expected tokens this round
-    heads_ran: bool = False
+    heads_ran: float = 0.0  # the share of the heads that ran: 0, 1/K for a probe of the first, or 1
 
 
 @dataclass

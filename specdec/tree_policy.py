@@ -17,8 +17,9 @@ using one static shape. specdec does the same from Medusa heads:
 4. size: the round keeps the prefix with the most expected tokens per second under the measured
    `CostModel`, down to the root alone (a plain round) when nothing is worth drafting.
 
-When even the best tree does not pay for the heads' own forward, the heads rest for 1, 2, 4, ...
-rounds (lookup chains can still be drafted meanwhile) and are then tried again.
+When even the best tree does not pay for the heads' own forward, the heads rest for 4, 16, 64
+rounds (lookup chains can still be drafted meanwhile) and are then probed again, with their first
+head alone (a quarter of the cost); a probe that pays brings them all back.
 
 Every choice is a function of committed tokens, the round's params and the policy's state,
 which only earlier rounds' verdicts update, so a round's tree never depends on its own random
@@ -51,8 +52,13 @@ LOOKUP_PRIOR = {"greedy": (0.6, 0.9), "sampled": (0.3, 0.6)}
 RATE_WEIGHT = 0.3  # how fast the heads' running rate follows new rounds
 RANKS = 3  # calibration rows per head: rank 0, rank 1, ranks 2+ (a head's first guess is special)
 MIN_VALUE = 1e-4  # nodes less likely than this are never worth a slot
-MAX_BACKOFF = 32  # rounds the heads rest at most before they are tried again
-FIRST_REST = 2
+# Rests of 4, 16, 64 rounds: a 64-token request at a temperature where the heads never pay
+# probes them about three times. They cost more than their own forward: on a CPU their weights
+# evict the target's from cache, and the next forwards pay for it (measured: plain rounds 11%
+# slower when the heads ran on one round in ten).
+MAX_BACKOFF = 64  # rounds the heads rest at most before they are tried again
+FIRST_REST = 4
+STRONG = 1.5  # a single full round this much faster than plain brings the heads straight back
 SCORE_PREFIX = 64  # tokens per head the filters are applied to when scoring
 
 
@@ -166,24 +172,36 @@ class DynamicTree:
         self.max_nodes = min(max_nodes or cost.max_nodes, cost.max_nodes)
         self.heads_cal = {m: Calibrator(num_heads * RANKS, PRIOR[m], stride=RANKS) for m in ("greedy", "sampled")}
         self.lookup_cal = {m: Calibrator(max(lookup, 1), LOOKUP_PRIOR[m]) for m in ("greedy", "sampled")}
+        self.num_heads = num_heads
         self.rest = 0  # rounds left before the heads run again
+        self.probe = False  # the next heads round, after a rest, runs the first head alone
         self.backoff = FIRST_REST
         self.heads_rate: float | None = None  # running expected tokens/s of rounds that ran the heads
+        # What the heads' own nodes added to recent trees (running averages): expected tokens and nodes.
+        self.heads_gain, self.heads_nodes = 0.0, 0.0
 
     @staticmethod
     def mode(greedy: bool) -> str:
         return "greedy" if greedy else "sampled"
 
-    def wants_heads(self, chain: int, room: int, greedy: bool) -> bool:
-        """Whether this round should run the heads: not while they rest, nor when the lookup chain
-        alone is expected to be faster than the heads' recent rounds (their forward is then saved)."""
+    def wants_heads(self, chain: int, room: int, greedy: bool) -> int:
+        """How many heads this round runs: none while they rest, or when the lookup chain alone is
+        expected to be faster than the chain plus what the heads' nodes recently added (their
+        forward is then saved); the first one alone to probe after a rest; else all of them."""
         if self.rest > 0:
             self.rest -= 1
-            return False
+            return 0
         if chain and self.heads_rate is not None:
             picks = _best_first([], self._lookup_estimates(chain, room, self.mode(greedy)), self.max_nodes - 1)
-            return self._best_prefix(picks, greedy)[1] < self.heads_rate
-        return True
+            n, rate = self._best_prefix(picks, greedy)
+            expected = 1.0 + sum(v for _, _, v in picks[:n]) + self.heads_gain
+            nodes = 1 + n + round(self.heads_nodes)
+            if expected / self.cost.round_time(nodes, True, expected, not greedy) <= rate:
+                return 0
+        if self.probe:
+            self.probe = False
+            return 1
+        return self.num_heads
 
     def choose(self, q: list[list[float]] | None, chain: int, room: int, greedy: bool) -> Choice:
         """The round's tree from the heads' scores and the lookup chain's length.
@@ -204,21 +222,27 @@ class DynamicTree:
             # calibration nothing, and a cold estimate could then never warm up.
             best = max(best, 1)
         taken = picks[:best]
+        if heads_ran:
+            gain = sum(v for kind, _, v in taken if kind == "heads")
+            nodes = sum(1 for kind, _, _ in taken if kind == "heads")
+            self.heads_gain += RATE_WEIGHT * (gain - self.heads_gain)
+            self.heads_nodes += RATE_WEIGHT * (nodes - self.heads_nodes)
         paths = tuple(sorted((p for kind, p, _ in taken if kind == "heads"), key=lambda p: (len(p), p)))
         n_chain = sum(1 for kind, _, _ in taken if kind == "lookup")
         expected = 1.0 + sum(v for _, _, v in taken)
         return Choice(paths, n_chain, expected, self.cost.round_time(best + 1, heads_ran, expected, not greedy))
 
     def observe(self, greedy: bool, heads: list[tuple[int, int, float, float]], lookup: list[tuple[int, float]],
-                nodes: int, accepted: int, heads_ran: bool) -> None:
+                nodes: int, accepted: int, heads_ran: float) -> None:
         """Learn from a verdict: heads' (depth, rank, q, outcome) and lookup's (position, outcome).
 
         The outcome of a drafted node whose parent was reached is, for greedy decoding, 1 if the
         target's argmax was its token, else 0; for sampling, the target's filtered p(token).
-        `nodes` and `accepted` (tokens the round yielded) judge whether the heads pay their way.
+        `nodes` and `accepted` (tokens the round yielded) judge whether the heads pay their way;
+        `heads_ran` is the share of the heads that ran (0, 1/K for a probe, 1).
         """
         if heads_ran:
-            self._rest_heads(nodes, accepted, greedy)
+            self._rest_heads(nodes, accepted, greedy, heads_ran)
         mode = self.mode(greedy)
         self.heads_cal[mode].observe([(_row(d, r), q, o) for d, r, q, o in heads])
         cal = self.lookup_cal[mode]
@@ -248,21 +272,24 @@ class DynamicTree:
                 best, best_rate = i, rate
         return best, best_rate
 
-    def _rest_heads(self, nodes: int, accepted: int, greedy: bool) -> None:
+    def _rest_heads(self, nodes: int, accepted: int, greedy: bool, share: float) -> None:
         """After a round that ran the heads: rest them while their rounds are no faster than plain ones.
 
         Judged on what rounds with the heads actually yielded per second (a running average), not
         on what they promised: the policy drafts exactly where its estimates are highest, which is
         also where they are most often too high.
         """
-        got = accepted / self.cost.round_time(nodes, True, accepted, not greedy)
+        got = accepted / self.cost.round_time(nodes, share, accepted, not greedy)
         rate = self.heads_rate
         self.heads_rate = got if rate is None else rate + RATE_WEIGHT * (got - rate)
         plain = 1.0 / self.cost.round_time(1, False)
-        if got > plain or self.heads_rate > plain:  # one good probe is enough to bring them back
+        # A probe (one head, a depth-1 tree) yields two tokens at most, so beating plain is all it can
+        # show; a full round must beat it clearly to override the running average on its own.
+        if got > (1.0 if share < 1 else STRONG) * plain or self.heads_rate > plain:
             self.backoff = FIRST_REST
-        else:  # rest 2, 8, 32 rounds: a request of a few dozen rounds probes only a few times
+        else:
             self.rest, self.backoff = self.backoff, min(4 * self.backoff, MAX_BACKOFF)
+            self.probe = True
 
 
 def _row(depth: int, rank: int) -> int:

@@ -42,7 +42,7 @@ def test_json_round_trip():
 def event(index: int, nodes: int, forward_ms: float, draft_ms: float, total_ms: float, heads: bool) -> RoundEvent:
     return RoundEvent(index, (None,) * nodes, (0,), (), {}, "greedy", True,
                       {"draft": draft_ms, "forward": forward_ms, "total": total_ms}, 1,
-                      extra={"heads_ran": True} if heads else {})
+                      extra={"heads_ran": 1.0} if heads else {})
 
 
 def test_refresh_moves_toward_the_engines_own_timings():

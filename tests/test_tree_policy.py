@@ -148,15 +148,26 @@ def test_a_flatter_law_drafts_a_smaller_tree():
     assert sizes[0] > sizes[1] > sizes[2], sizes
 
 
-def test_heads_rest_after_rounds_that_did_not_pay():
+def test_heads_rest_after_rounds_that_did_not_pay_and_come_back_through_a_probe():
     policy = DynamicTree(4, linear_cost(0.1, heads_ms=2.0))
-    assert policy.wants_heads(0, 10, greedy=True)
-    policy.observe(True, [(0, 0, 0.9, 0.0)], [], nodes=8, accepted=1, heads_ran=True)  # nothing accepted
-    assert [policy.wants_heads(0, 10, True) for _ in range(FIRST_REST + 1)] == [False] * FIRST_REST + [True]
-    policy.observe(True, [(0, 0, 0.9, 0.0)], [], nodes=8, accepted=1, heads_ran=True)
-    assert sum(not policy.wants_heads(0, 10, True) for _ in range(20)) == 4 * FIRST_REST  # the rest grows
-    policy.observe(True, [(0, 0, 0.9, 1.0)], [], nodes=8, accepted=5, heads_ran=True)  # one probe pays again
-    assert all(policy.wants_heads(0, 10, True) for _ in range(5))
+    assert policy.wants_heads(0, 10, greedy=True) == 4  # all four heads
+    policy.observe(True, [(0, 0, 0.9, 0.0)], [], nodes=8, accepted=1, heads_ran=1.0)  # nothing accepted
+    # a rest, then a probe with the first head alone
+    assert [policy.wants_heads(0, 10, True) for _ in range(FIRST_REST + 1)] == [0] * FIRST_REST + [1]
+    policy.observe(True, [(0, 0, 0.9, 0.0)], [], nodes=2, accepted=1, heads_ran=0.25)  # the probe failed
+    assert sum(policy.wants_heads(0, 10, True) == 0 for _ in range(20)) == 4 * FIRST_REST  # a longer rest
+    policy.observe(True, [(0, 0, 0.9, 1.0)], [], nodes=2, accepted=2, heads_ran=0.25)  # this probe paid
+    assert [policy.wants_heads(0, 10, True) for _ in range(5)] == [4] * 5
+
+
+def test_the_heads_probe_computes_only_the_first_head(llama):
+    loaded = specdec.load(llama, heads="random", device="cpu")
+    heads = loaded.heads
+    for blk in heads.blocks:  # non-zero blocks, so each head differs
+        torch.nn.init.normal_(blk[0].linear.weight, std=0.1)
+    h = torch.randn(heads.config.hidden_size)
+    torch.testing.assert_close(heads.first(h, 1), heads(h)[:1])
+    torch.testing.assert_close(heads.first(h, 3), heads(h)[:3])
 
 
 # -- end to end: greedy exactness ------------------------------------------------------------
