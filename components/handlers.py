@@ -7,6 +7,7 @@ module has Generate, Stop and Clear.
 """
 from __future__ import annotations
 
+import threading
 from typing import Callable, Iterable
 
 import gradio as gr
@@ -73,6 +74,8 @@ class Handlers(RoundViews, SamplerView, RaceView):
         self.replay_interval = replay_interval
         self.on_round = list(on_round)
         self.sampler_top = sampler_top
+        self.streaming = 0  # Generate runs streaming now: their updates share one budget (Throttle's scale)
+        self._streaming_lock = threading.Lock()
         self.tree_choices = tree_choices(self.gate.info)
         self.model_line = model_line(self.gate.info, loaded.name)
 
@@ -136,8 +139,11 @@ class Handlers(RoundViews, SamplerView, RaceView):
             except gr.Error:
                 session.finish(run)
                 raise
-            tree_due, charts_due = Throttle(self.figure_interval), Throttle(self.chart_interval)
-            text_due = Throttle(self.text_interval)
+            share = lambda: max(1, self.streaming)  # noqa: E731
+            with self._streaming_lock:
+                self.streaming += 1
+            tree_due, charts_due = Throttle(self.figure_interval, share), Throttle(self.chart_interval, share)
+            text_due = Throttle(self.text_interval, share)
             text_html, prev, ev = prompt_html(prompt), None, None
             try:
                 while True:
@@ -152,6 +158,8 @@ class Handlers(RoundViews, SamplerView, RaceView):
                         sampler = self._run_sampler(session, run, session.live) if draw else gr.skip()
                         yield self._updates(run, ev, text_html, draw, charts_due(), sampler)
             finally:
+                with self._streaming_lock:
+                    self.streaming -= 1
                 self.gate.close(stream)
                 session.finish(run)
             if ev is None:
