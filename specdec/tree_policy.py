@@ -19,7 +19,7 @@ using one static shape. specdec does the same from Medusa heads:
 
 When even the best tree does not pay for the heads' own forward, the heads rest for 4, 16, 64
 rounds (lookup chains can still be drafted meanwhile) and are then probed again, with their first
-head alone (a quarter of the cost); a probe that pays brings them all back.
+head alone (a quarter of the cost); two probes in a row that pay bring them all back.
 
 Every choice is a function of committed tokens, the round's params and the policy's state,
 which only earlier rounds' verdicts update, so a round's tree never depends on its own random
@@ -174,7 +174,10 @@ class DynamicTree:
         self.lookup_cal = {m: Calibrator(max(lookup, 1), LOOKUP_PRIOR[m]) for m in ("greedy", "sampled")}
         self.num_heads = num_heads
         self.rest = 0  # rounds left before the heads run again
-        self.probe = False  # the next heads round, after a rest, runs the first head alone
+        # The next heads round runs the first head alone: after a rest, and on a request's first
+        # round, before anything says the heads pay at this request's temperature.
+        self.probe = True
+        self.probe_wins = 0  # probes in a row that beat plain decoding
         self.backoff = FIRST_REST
         self.heads_rate: float | None = None  # running expected tokens/s of rounds that ran the heads
         # What the heads' own nodes added to recent trees (running averages): expected tokens and nodes.
@@ -280,16 +283,30 @@ class DynamicTree:
         also where they are most often too high.
         """
         got = accepted / self.cost.round_time(nodes, share, accepted, not greedy)
+        plain = 1.0 / self.cost.round_time(1, False)
+        if share < 1:
+            # A probe (one head, a depth-1 tree) yields two tokens at most, and one success can be
+            # luck (a flat law accepts a depth-1 draft a quarter of the time): two in a row bring
+            # the heads back; a failure rests them longer.
+            self.probe_wins = self.probe_wins + 1 if got > plain else 0
+            if self.probe_wins >= 2:
+                self.probe_wins, self.backoff = 0, FIRST_REST
+            elif self.probe_wins:
+                self.rest, self.probe = 1, True
+            else:
+                self._rest()
+            return
         rate = self.heads_rate
         self.heads_rate = got if rate is None else rate + RATE_WEIGHT * (got - rate)
-        plain = 1.0 / self.cost.round_time(1, False)
-        # A probe (one head, a depth-1 tree) yields two tokens at most, so beating plain is all it can
-        # show; a full round must beat it clearly to override the running average on its own.
-        if got > (1.0 if share < 1 else STRONG) * plain or self.heads_rate > plain:
+        # A full round must beat plain clearly to override the running average on its own.
+        if got > STRONG * plain or self.heads_rate > plain:
             self.backoff = FIRST_REST
         else:
-            self.rest, self.backoff = self.backoff, min(4 * self.backoff, MAX_BACKOFF)
-            self.probe = True
+            self._rest()
+
+    def _rest(self) -> None:
+        self.rest, self.backoff = self.backoff, min(4 * self.backoff, MAX_BACKOFF)
+        self.probe = True
 
 
 def _row(depth: int, rank: int) -> int:
