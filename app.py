@@ -9,9 +9,7 @@ takes the model gate's lock between two rounds). The same server answers `/metri
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -20,10 +18,10 @@ import torch
 
 import specdec
 from components import Handlers, Session, Settings, layout, plots, serving
+from components.app_args import parse_args, prefix_cache
 from components.texts import API, SCROLL_TO_RACE_JS
 from specdec.batch import FaultHook, chaos
 from specdec.metrics import Metrics
-from specdec.prefix_cache import PrefixCache
 
 STATIC = Path(__file__).resolve().parent / "assets" / "static"
 
@@ -163,44 +161,6 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
         tokens.select(h.token_round, [session], round_outputs, **hidden)
     demo.queue(max_size=queue_size, default_concurrency_limit=1)
     return demo
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=os.environ.get("SPECDEC_MODEL"),
-                   help="hub id or local path (default: $SPECDEC_MODEL, else the embedded model)")
-    p.add_argument("--heads", default=os.environ.get("SPECDEC_HEADS"),
-                   help="heads folder, hub repo id or 'random' (default: $SPECDEC_HEADS, else the embedded heads)")
-    # Spaces set GRADIO_SERVER_NAME/PORT; locally we serve on 127.0.0.1:7860.
-    p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
-    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when present)")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: bf16 on CUDA, fp32 on CPU)")
-    p.add_argument("--max-prompt-tokens", type=int, default=512)
-    p.add_argument("--queue-size", type=int, default=16)
-    p.add_argument("--prefix-cache-mb", type=float, default=256.0,
-                   help="memory budget of the prefix KV cache (LRU), in MiB (default: 256)")
-    p.add_argument("--no-prefix-cache", action="store_true", help="prefill every prompt from scratch")
-    p.add_argument("--max-batch-size", type=int, default=specdec.scheduler.DEFAULT_MAX_BATCH_SIZE,
-                   help="requests decoded together, one target forward per round (1: one at a time; default: %(default)s)")
-    p.add_argument("--chaos", type=float, default=0.0, metavar="FRACTION",
-                   help="testing only: make about this fraction of requests fail mid-stream (loadtest.py --chaos)")
-    args = p.parse_args(argv)
-    if args.max_prompt_tokens < 1:
-        p.error(f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
-    if args.queue_size < 1:
-        p.error(f"--queue-size must be >= 1, got {args.queue_size}")
-    if args.max_batch_size < 1:
-        p.error(f"--max-batch-size must be >= 1, got {args.max_batch_size}")
-    if not 0 <= args.chaos <= 1:
-        p.error(f"--chaos must be in [0, 1], got {args.chaos}")
-    if args.prefix_cache_mb <= 0:
-        p.error(f"--prefix-cache-mb must be > 0, got {args.prefix_cache_mb} (use --no-prefix-cache to switch it off)")
-    return args
-
-
-def prefix_cache(args: argparse.Namespace) -> PrefixCache | None:
-    return None if args.no_prefix_cache else PrefixCache(max_bytes=int(args.prefix_cache_mb * 2**20))
 
 
 def main(argv=None) -> None:

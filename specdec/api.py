@@ -93,7 +93,7 @@ def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
 
 
 def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix_cache=None,
-         cost_cache: str | None | bool = True, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE) -> Loaded:
+         cost_cache: str | None | bool = None, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE) -> Loaded:
     """Load a target model and its Medusa heads.
 
     Args:
@@ -106,9 +106,10 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
         device: "cpu", "cuda", ... (default: cuda when present).
         dtype: torch dtype or name (default: float32 on CPU, bfloat16 on CUDA).
         tokenizer: a tokenizer, to override or supply one for a model object.
-        cost_cache: where the dynamic tree's measured round costs are kept, per model, device and
-            dtype: True for $SPECDEC_CACHE (default ~/.cache/specdec), a folder, or None/False to
-            measure on first use in every process.
+        cost_cache: None (default) measures the dynamic tree's round costs on first use in each
+            process (well under 2 s), so a busy moment long ago cannot size today's trees; a folder,
+            or True for $SPECDEC_CACHE (default ~/.cache/specdec), keeps them per model, device and
+            dtype across processes (refresh with `engine.refresh_cost(events)`).
         max_batch_size: requests decoded together by `Loaded.scheduler` (1: one at a time).
     """
     if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 1:

@@ -174,9 +174,10 @@ class DynamicTree:
         self.lookup_cal = {m: Calibrator(max(lookup, 1), LOOKUP_PRIOR[m]) for m in ("greedy", "sampled")}
         self.num_heads = num_heads
         self.rest = 0  # rounds left before the heads run again
-        # The next heads round runs the first head alone: after a rest, and on a request's first
-        # round, before anything says the heads pay at this request's temperature.
-        self.probe = True
+        # The next heads round runs the first head alone: after a rest, and on a sampled request's
+        # first round, before anything says the heads pay at its temperature (a greedy request opens
+        # with every head: distilled heads usually pay there, and a probe would cost its first rounds).
+        self.probe: bool | None = None
         self.probe_wins = 0  # probes in a row that beat plain decoding
         self.backoff = FIRST_REST
         self.heads_rate: float | None = None  # running expected tokens/s of rounds that ran the heads
@@ -201,6 +202,8 @@ class DynamicTree:
             nodes = 1 + n + round(self.heads_nodes)
             if expected / self.cost.round_time(nodes, True, expected, not greedy) <= rate:
                 return 0
+        if self.probe is None:
+            self.probe = not greedy
         if self.probe:
             self.probe = False
             return 1

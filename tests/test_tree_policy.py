@@ -149,8 +149,9 @@ def test_a_flatter_law_drafts_a_smaller_tree():
 
 
 def test_heads_rest_after_rounds_that_did_not_pay_and_come_back_through_a_probe():
+    assert DynamicTree(4, linear_cost(0.1, heads_ms=2.0)).wants_heads(0, 10, greedy=True) == 4  # greedy opens with all
     policy = DynamicTree(4, linear_cost(0.1, heads_ms=2.0))
-    assert policy.wants_heads(0, 10, greedy=True) == 1  # a request opens with a probe of the first head
+    assert policy.wants_heads(0, 10, greedy=False) == 1  # a sampled request opens with a probe of the first head
     policy.observe(True, [(0, 0, 0.9, 1.0)], [], nodes=2, accepted=2, heads_ran=0.25)
     assert policy.wants_heads(0, 10, greedy=True) == 0 and policy.wants_heads(0, 10, greedy=True) == 1
     policy.observe(True, [(0, 0, 0.9, 1.0)], [], nodes=2, accepted=2, heads_ran=0.25)
@@ -284,8 +285,8 @@ def dynamic_counts(model, n: int, seed0: int) -> tuple[np.ndarray, set[tuple[int
 
 @pytest.fixture(params=["opening probe", "opening with every head"])
 def opening(request, monkeypatch):
-    """Requests open with a probe of the first head (the default), or with every head (as after two
-    good probes): the second gives bigger, more varied trees right away."""
+    """Sampled requests open with a probe of the first head (the default), or with every head (as
+    greedy ones do, and as after two good probes): the second gives bigger, more varied trees at once."""
     if request.param == "opening with every head":
         real = DynamicTree.__init__
 

@@ -1,0 +1,27 @@
+"""components/app_args.py: the app's flags, their defaults, and named errors for bad values."""
+from __future__ import annotations
+
+import pytest
+
+from components.app_args import parse_args, prefix_cache
+
+
+def test_defaults():
+    a = parse_args([])
+    assert (a.host, a.port, a.max_prompt_tokens, a.queue_size) == ("127.0.0.1", 7860, 512, 16)
+    assert a.max_batch_size >= 1 and a.chaos == 0.0
+    assert prefix_cache(a).max_bytes == 256 * 2**20
+    assert prefix_cache(parse_args(["--no-prefix-cache"])) is None
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--max-prompt-tokens", "0"], "--max-prompt-tokens must be >= 1"),
+    (["--queue-size", "0"], "--queue-size must be >= 1"),
+    (["--max-batch-size", "0"], "--max-batch-size must be >= 1"),
+    (["--chaos", "1.5"], r"--chaos must be in \[0, 1\]"),
+    (["--prefix-cache-mb", "0"], "--prefix-cache-mb must be > 0"),
+])
+def test_bad_values_are_named(flags, message, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(flags)
+    assert message.replace("\\", "") in capsys.readouterr().err
