@@ -50,6 +50,7 @@ class CostModel:
     overhead_s: float  # everything else in a round, per round
     key: str = ""  # what it was measured for (model, device, dtype, threads)
     verify_s: float = 0.0  # sampled verification, per visited node after the root
+    drafted_s: float = 0.0  # host work a drafted round adds to a plain one (tree buffers, walk, nodes)
 
     def __post_init__(self) -> None:
         if not self.nodes or self.nodes[0] != 1 or len(self.nodes) != len(self.forward_s):
@@ -76,7 +77,8 @@ class CostModel:
         share of them (a probe of the first head: 1/K) or none (0), whose verification visits
         `visited` nodes (root included; sampled verification pays per node)."""
         extra = self.verify_s * max(visited - 1.0, 0.0) if sampled else 0.0
-        return self.forward(n) + self.heads_s * float(heads) + self.overhead_s + extra
+        drafted = self.drafted_s if n > 1 else 0.0
+        return self.forward(n) + self.heads_s * float(heads) + self.overhead_s + drafted + extra
 
     def refreshed(self, events: Iterable["RoundEvent"], weight: float = REFRESH_WEIGHT) -> "CostModel":
         """The model moved toward the timings of finished rounds (the engine's own, not a benchmark's).
@@ -110,7 +112,7 @@ class CostModel:
     def from_json(cls, text: str) -> "CostModel":
         d = json.loads(text)
         return cls(tuple(d["nodes"]), tuple(d["forward_s"]), d["heads_s"], d["overhead_s"], d.get("key", ""),
-                   d.get("verify_s", 0.0))
+                   d.get("verify_s", 0.0), d.get("drafted_s", 0.0))
 
 
 def model_key(engine: "Engine") -> str:
@@ -220,12 +222,13 @@ def measure(engine: "Engine", budget_s: float = 2.0, max_nodes: int = 64, reps: 
                 added.append(th - t1)
         heads_s = max(statistics.median(added), 0.0)
     overhead_s = _overhead(engine, ids[:16].tolist())
+    drafted_s = _drafted_overhead(engine, ids[:3].tolist() * 6, overhead_s)
     row = target.logits(target.forward(ids[ctx : ctx + 1], cache)[-1])  # [V]
     kv_cache.keep_path(cache, ctx, [])
     law = SamplingParams(temperature=0.7, top_p=0.9)  # the app's default law: filters that cut
     draws = torch.Generator(device=row.device).manual_seed(0)
     verify_s = _time(lambda: sample(target_probs(row, law), draws), reps)
-    return CostModel(tuple(nodes), tuple(times), heads_s, overhead_s, model_key(engine), verify_s)
+    return CostModel(tuple(nodes), tuple(times), heads_s, overhead_s, model_key(engine), verify_s, drafted_s)
 
 
 def _overhead(engine: "Engine", prompt: list[int]) -> float:
@@ -235,6 +238,16 @@ def _overhead(engine: "Engine", prompt: list[int]) -> float:
     events = list(engine.stream(GenerationRequest(prompt, 12, speculative=False, eos_token_id=None)))
     rest = sorted((e.timings["total"] - e.timings["forward"]) / 1e3 for e in events[2:])
     return rest[len(rest) // 4] if rest else 0.0  # a low quantile, for the same reason as `measure`
+
+
+def _drafted_overhead(engine: "Engine", prompt: list[int], plain: float) -> float:
+    """What a drafted round's host work adds to a plain round's: rounds drafting a prompt-lookup
+    chain on a repeating prompt (no heads needed), outside their forward, less `plain`."""
+    from .request import GenerationRequest
+
+    events = list(engine.stream(GenerationRequest(prompt, 16, tree="none", lookup=4, eos_token_id=None)))
+    rest = sorted((e.timings["total"] - e.timings["forward"]) / 1e3 for e in events[1:] if len(e.nodes) > 1)
+    return max(rest[len(rest) // 4] - plain, 0.0) if rest else 0.0
 
 
 def _timed(fn) -> float:
