@@ -75,14 +75,12 @@ assert len(BY_ID) == len(METHODS), "method ids must be unique"
 # Issue 5's first four measure specdec's default drafting (what `specdec.generate` does with no
 # arguments); the next four the heads alone on the 64-node default tree preset. Issue 12's measure
 # the dynamic tree; its "at least the best static preset" target is computed in `suite.assemble`.
+_GREEDY_BASES = (("HF greedy generate", "hf_greedy", 2.0), ("own speculative=False", "plain_greedy", 1.8),
+                 ("HF prompt lookup", "hf_prompt_lookup", 1.3))
 TARGETS = (
-    ("specdec default greedy / HF greedy generate", "hybrid_greedy", "hf_greedy", 2.0),
-    ("specdec default greedy / own speculative=False", "hybrid_greedy", "plain_greedy", 1.8),
-    ("specdec default greedy / HF prompt lookup", "hybrid_greedy", "hf_prompt_lookup", 1.3),
+    *((f"specdec default greedy / {name}", "hybrid_greedy", base, t) for name, base, t in _GREEDY_BASES),
     ("specdec default lossless sampling / HF sampling", "hybrid_sample", "hf_sample", 1.5),
-    ("heads only, default tree greedy / HF greedy generate", "default_greedy", "hf_greedy", 2.0),
-    ("heads only, default tree greedy / own speculative=False", "default_greedy", "plain_greedy", 1.8),
-    ("heads only, default tree greedy / HF prompt lookup", "default_greedy", "hf_prompt_lookup", 1.3),
+    *((f"heads only, default tree greedy / {name}", "default_greedy", base, t) for name, base, t in _GREEDY_BASES),
     ("heads only, default tree lossless sampling / HF sampling", "default_sample", "hf_sample", 1.5),
     ("dynamic tree + lookup (default) lossless sampling / HF sampling", "hybrid_sample", "hf_sample", 1.5),
     ("dynamic tree (heads alone) lossless sampling / HF sampling", "auto_sample", "hf_sample", 1.5),

@@ -60,6 +60,16 @@ def attention_layout(config) -> AttentionLayout:
     return AttentionLayout(tuple(types), windows)
 
 
+def _allocate(layer: CacheLayerMixin, rows: int, capacity: int, key_states: torch.Tensor,
+              value_states: torch.Tensor) -> None:
+    """Give a layer its zeroed buffers, [rows, kv_heads, capacity, head_dim], shaped like the first step's states."""
+    Hk, D, Dv = key_states.shape[1], key_states.shape[-1], value_states.shape[-1]
+    layer.dtype, layer.device = key_states.dtype, key_states.device
+    layer.keys = torch.zeros(rows, Hk, capacity, D, dtype=key_states.dtype, device=key_states.device)
+    layer.values = torch.zeros(rows, Hk, capacity, Dv, dtype=value_states.dtype, device=value_states.device)
+    layer.is_initialized = True
+
+
 class _SlotLayer(CacheLayerMixin):
     """One layer's keys and values, preallocated [1, kv_heads, capacity, head_dim] and written at slots.
 
@@ -74,13 +84,7 @@ class _SlotLayer(CacheLayerMixin):
         self.owner = owner
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        B, Hk, _, D = key_states.shape
-        cap = self.owner.capacity
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self.keys = torch.zeros(B, Hk, cap, D, dtype=key_states.dtype, device=key_states.device)
-        self.values = torch.zeros(B, Hk, cap, value_states.shape[-1], dtype=value_states.dtype,
-                                  device=value_states.device)
-        self.is_initialized = True
+        _allocate(self, key_states.shape[0], self.owner.capacity, key_states, value_states)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -139,13 +143,7 @@ class _RowsLayer(CacheLayerMixin):
         self.owner = owner
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        _, Hk, _, D = key_states.shape
-        R, cap = self.owner.rows, self.owner.capacity
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self.keys = torch.zeros(R, Hk, cap, D, dtype=key_states.dtype, device=key_states.device)
-        self.values = torch.zeros(R, Hk, cap, value_states.shape[-1], dtype=value_states.dtype,
-                                  device=value_states.device)
-        self.is_initialized = True
+        _allocate(self, self.owner.rows, self.owner.capacity, key_states, value_states)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:

@@ -100,7 +100,8 @@ def test_generate_in_a_real_browser(url, browser):
     # The draft tree of the last round: a title, one marker per node (+ the target's token), labels.
     tree_title = page.locator("#tree-plot .gtitle").first.text_content()
     assert tree_title.startswith("Round ") and "drafts" in tree_title
-    assert page.locator("#tree-plot .scatterlayer .point").count() >= 5
+    # The default tree is dynamic: its last round may hold a few nodes, or the root alone, plus the target's token.
+    assert page.locator("#tree-plot .scatterlayer .point").count() >= 2
     assert page.locator("#tree-plot .scatterlayer .textpoint").count() >= 5
     for chart in ("len-plot", "depth-plot", "tps-plot"):
         assert page.locator(f"#{chart} .js-plotly-plot").count() == 1, chart
