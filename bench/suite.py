@@ -40,10 +40,6 @@ def benchmark(cfg: BenchConfig, loaded: specdec.Loaded | None = None, oracle: Or
     V = loaded.model.config.vocab_size
     prompts = [[i for i in tok(p, add_special_tokens=False)["input_ids"] if i < V] for p in cfg.prompts]
     methods = select_methods(cfg.methods, loaded.heads is not None, bool(loaded.tree_paths), oracle is not None)
-    if any(m.tree == "auto" for m in methods):
-        # The dynamic tree sizes itself by the round costs of this machine, measured now, not read
-        # from a cache another load (perhaps on a busier machine) wrote.
-        loaded.engine.set_cost_model(specdec.cost.measure(loaded.engine))
     for m in methods:  # every request is checked before the first timed run, not in the middle of one
         if m.backend == "engine":
             loaded.engine.stream(engine_request(m, cfg, prompts[0], cfg.seed, cfg.max_new_tokens)).close()
@@ -54,6 +50,12 @@ def benchmark(cfg: BenchConfig, loaded: specdec.Loaded | None = None, oracle: Or
     if oracle is not None:
         K = oracle.config.num_heads
         conts = [run_method(loaded, ids, BY_ID["hf_greedy"], cfg, 0, N + K + 1).token_ids for ids in prompts]
+    if any(m.tree == "auto" for m in methods):
+        # The dynamic tree sizes itself by the round costs of this machine, measured now, not read
+        # from a cache another load (perhaps on a busier machine) wrote. Oracle heads need a reference.
+        if oracle is not None:
+            oracle.begin(list(prompts[0]) + list(conts[0]))
+        loaded.engine.set_cost_model(specdec.cost.measure(loaded.engine))
 
     log(f"bench: {len(methods)} methods x {len(prompts)} prompts x {cfg.repeats} repeats, "
         f"{N} new tokens, {loaded.name} on {cfg.device}/{loaded.model.dtype}, threads={torch.get_num_threads()}")

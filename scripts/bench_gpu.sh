@@ -47,7 +47,7 @@ echo "embedded: $((SECONDS - start))s"
 
 start=$SECONDS
 timeout 200 "$PY" bench.py --device "$DEVICE" --dtype "$DTYPE" --model "$QWEN" --heads "oracle:$ORACLE" \
-  --methods hf_greedy,hf_prompt_lookup,plain_greedy,chain_greedy,small_greedy,default_greedy,lookup_greedy,hybrid_greedy \
+  --methods hf_greedy,hf_prompt_lookup,plain_greedy,chain_greedy,small_greedy,default_greedy,auto_greedy,lookup_greedy,hybrid_greedy \
   --num-prompts "$PROMPTS_QWEN" --max-new-tokens "$TOKENS" --repeats "$REPEATS" \
   --out "$OUT_DIR/qwen2-0.5b-oracle" || echo "qwen2-0.5b run failed or timed out (rc=$?)"
 echo "qwen2-0.5b-oracle: $((SECONDS - start))s"
