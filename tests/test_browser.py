@@ -102,7 +102,7 @@ def test_generate_in_a_real_browser(url, browser):
     assert tree_title.startswith("Round ") and "drafts" in tree_title
     # The default tree is dynamic: its last round may hold a few nodes, or the root alone, plus the target's token.
     assert page.locator("#tree-plot .scatterlayer .point").count() >= 2
-    assert page.locator("#tree-plot .scatterlayer .textpoint").count() >= 5
+    assert page.locator("#tree-plot .scatterlayer .textpoint").count() >= 2  # a label per marker
     for chart in ("len-plot", "depth-plot", "tps-plot"):
         assert page.locator(f"#{chart} .js-plotly-plot").count() == 1, chart
     assert "denominator" in page.locator("#depth-plot .gtitle").first.text_content()
