@@ -203,19 +203,16 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
     kind = extra[-1].kind if extra else "none"
     rule = rule_label(event.acceptance)
     leaves = int(round(-min(ys))) + 1  # leaf rows are 0, -1, -2, ...
-    lookup_note, key = "", "columns = depth (head = depth − 1) · bold = accepted path"
+    sub = [f"then a {kind} token · rule {rule}", "columns = depth (head = depth − 1) · bold = accepted path"]
     if looked_up:
         got_lookup = sum(1 for i in path if i in lookup_set)
-        lookup_note = f" ({got_lookup} of {len(looked_up)} from prompt lookup)"
-        key += " · squares = prompt lookup"
-    # Short lines: a phone is about 50 characters wide, and Plotly does not wrap titles.
+        sub = [f"{got_lookup} of {len(looked_up)} from prompt lookup (squares)"] + sub
+    # Short lines, one fact each: a phone is about 50 characters wide, and Plotly does not wrap titles.
     fig.update_layout(
-        title=dict(text=f"Round {event.index}: accepted {got} of {drafts} drafts"
-                        f"<br><sup>{lookup_note.strip()}{' · ' if lookup_note else ''}then a {kind} token · "
-                        f"rule {rule}<br>{key}</sup>",
+        title=dict(text=f"Round {event.index}: accepted {got} of {drafts} drafts<br><sup>{'<br>'.join(sub)}</sup>",
                    font=dict(size=14)),
         height=int(min(1000, max(400, 26 * leaves + 170))),
-        margin=dict(l=10, r=10, t=80, b=20), plot_bgcolor="#ffffff", uirevision=f"tree-{len(nodes)}",
+        margin=dict(l=10, r=10, t=50 + 15 * len(sub), b=20), plot_bgcolor="#ffffff", uirevision=f"tree-{len(nodes)}",
         xaxis=dict(dtick=1 if max(xs) <= 20 else 5, range=[-0.3, max(xs) + max(0.9, 0.08 * max(xs))], zeroline=False,
                    gridcolor="#eeeeee", side="top"),
         yaxis=dict(visible=False), hoverlabel=dict(align="left"),

@@ -88,8 +88,10 @@ def test_tree_figure_draws_prompt_lookup_nodes_apart():
     assert "accepted" not in traces  # only lookup nodes were accepted
     assert list(traces["lookup edges"].x).count(None) == 3  # chain edges off the accepted path
     assert list(traces["accepted path"].x).count(None) == 5
-    assert "accepted 5 of 10 drafts<br><sup>(5 of 8 from prompt lookup)" in fig.layout.title.text
-    assert "squares = prompt lookup" in fig.layout.title.text
+    assert "accepted 5 of 10 drafts<br><sup>5 of 8 from prompt lookup (squares)<br>" in fig.layout.title.text
+    # one short fact per line: a phone is about 50 characters wide and Plotly does not wrap titles
+    lines = fig.layout.title.text.replace("<sup>", "").replace("</sup>", "").split("<br>")
+    assert max(len(line) for line in lines) <= 60, lines
     # deep trees: the axis reaches the chain's end and the correction after node 7, labels stay short
     assert fig.layout.xaxis.range[1] >= 8.5 and fig.layout.xaxis.dtick == 1
 
