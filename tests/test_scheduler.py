@@ -43,6 +43,17 @@ def tokens(events) -> list[int]:
     return [t.token_id for e in events for t in e.emitted]
 
 
+def outcomes_of(tickets) -> list:
+    """Each ticket's token ids, or the RequestFailed that ended it."""
+    out = []
+    for t in tickets:
+        try:
+            out.append(tokens(t))
+        except RequestFailed as e:
+            out.append(e)
+    return out
+
+
 def requests(n=N, **kw) -> list[GenerationRequest]:
     return [GenerationRequest(p, n, lookup=6, eos_token_id=None, **kw) for p in PROMPTS * 2]
 
@@ -110,13 +121,7 @@ def run_with_fault(loaded, fault_hook=None, callbacks=None, params=None, max_bat
         reqs[1] = GenerationRequest(PROMPTS[1], N, params=params, lookup=6, eos_token_id=None)
     with Scheduler(loaded.engine, max_batch_size=max_batch_size, fault_hook=fault_hook) as s:
         tickets = [s.submit(r, on_round=(callbacks or {}).get(i)) for i, r in enumerate(reqs)]
-        outcomes = []
-        for t in tickets:
-            try:
-                outcomes.append(tokens(t))
-            except RequestFailed as e:
-                outcomes.append(e)
-        return outcomes, tickets, s.stats()
+        return outcomes_of(tickets), tickets, s.stats()
 
 
 def check_isolated(outcomes, tickets, stats, refs, cause: str, rounds_before: int):
@@ -211,12 +216,7 @@ def test_a_nan_row_ends_its_request_and_its_row_is_cleaned(models, refs):
         try:
             reqs = requests()
             tickets = [s.submit(r, on_round=arm if i == 1 else None) for i, r in enumerate(reqs)]
-            outcomes = []
-            for t in tickets:
-                try:
-                    outcomes.append(tokens(t))
-                except RequestFailed as e:
-                    outcomes.append(e)
+            outcomes = outcomes_of(tickets)
         finally:
             handle.remove()
         stats = s.stats()
