@@ -1,6 +1,6 @@
 """One decoding round for a batch of requests: B trees, one target forward, B verdicts.
 
-Each request keeps its own state (`engine._Run`: params, generator, tree policy, lookup index,
+Each request keeps its own state (`run_state.RunState`: params, generator, tree policy, lookup index,
 decoder) and goes through the engine's own steps; only the forward is shared:
 
   1. draft: each request drafts its own tree (its heads' rows are computed together);
@@ -29,8 +29,8 @@ from typing import Callable
 import torch
 
 from . import kv_cache
-from .engine import Draft, Engine, _Run
-from .events import RoundEvent
+from .engine import Engine
+from .run_state import Draft, RunState
 from .sampler import SamplingParams
 from .stopwatch import Stopwatch
 
@@ -67,7 +67,7 @@ class Member:
     """One request in the batch: its run, callbacks and round counter."""
 
     rid: int
-    run: _Run
+    run: RunState
     callbacks: list = field(default_factory=list)
     index: int = 0  # the next round's index (0: the prefill has not run)
     prefilled: int = 0  # prompt tokens in the buffer before round 0's final forward
@@ -317,7 +317,7 @@ class _SharedHeads:
         self.rows: torch.Tensor | None = None  # [K, b, V]
         self.per_member = len(members) == 1
 
-    def __call__(self, run: _Run) -> torch.Tensor:
+    def __call__(self, run: RunState) -> torch.Tensor:
         if not self.per_member and self.rows is None:
             h = torch.stack([m.run.h_last for m in self.members])  # [b, H]
             try:

@@ -130,7 +130,7 @@ def model_key(engine: "Engine") -> str:
 def load_or_measure(engine: "Engine", cache_dir: str | Path | None, budget_s: float = 2.0) -> CostModel:
     """The cached cost model for this model + device + dtype, or a fresh measurement saved there."""
     key = model_key(engine)
-    path = Path(cache_dir) / f"cost-{key}.json" if cache_dir is not None else None
+    path = cache_file(cache_dir, key) if cache_dir is not None else None
     if path is not None and path.is_file():
         try:
             model = CostModel.from_json(path.read_text())
@@ -142,6 +142,11 @@ def load_or_measure(engine: "Engine", cache_dir: str | Path | None, budget_s: fl
     if path is not None:
         save(model, path)
     return model
+
+
+def cache_file(cache_dir: str | Path, key: str) -> Path:
+    """Where the cost model of `key` (see `model_key`) is kept in a cache folder."""
+    return Path(cache_dir) / f"cost-{key}.json"
 
 
 def save(model: CostModel, path: Path) -> None:

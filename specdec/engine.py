@@ -40,7 +40,6 @@ from .tree_policy import DynamicTree, head_scores
 from .verifier import Verdict, verify, verify_greedy
 
 __all__ = ["Engine", "GenerationRequest", "LOOKUP_MODES", "default_eos"]
-_Run = RunState  # the name specdec.batch imports
 _BATCHED_VERIFY_MAX_CPU = 32  # nodes; above this a CPU computes greedy rows on demand
 RoundCallback = Callable[[RoundEvent], None]
 
@@ -82,10 +81,8 @@ class Engine:
         return text
 
     def resolve_tree(self, tree) -> Tree:
-        """A static tree. For "auto" (dynamic), the static tree of these heads: trained, else default."""
+        """A static tree (a preset name, rank paths or a Tree), checked against these heads."""
         n = self.heads.config.num_heads if self.heads is not None else 4
-        if tree == "auto":
-            tree = "trained" if self.trained_tree else "default"
         return resolve_tree(tree, self.trained_tree, n)
 
     def cost_model(self) -> cost_mod.CostModel:
@@ -109,7 +106,7 @@ class Engine:
         with self._cost_lock:
             self._cost = model
         if self._cost_cache is not None:
-            cost_mod.save(model, cost_mod.Path(self._cost_cache) / f"cost-{model.key}.json")
+            cost_mod.save(model, cost_mod.cache_file(self._cost_cache, model.key))
         return model
 
     def next_logits(self, prompt_ids) -> torch.Tensor:
@@ -250,13 +247,11 @@ class Engine:
             learn.append(("heads", d, r, scores[d][r]))
         chain = chain[: choice.chain]
         if chain:
-            attach, rest = merge_chain(tree, tokens, chain)
-            if rest:
-                tree = graft_chain(tree.paths[1:], attach, len(rest))
-                tokens += rest
-                q += [None] * len(rest)
-                first = len(chain) - len(rest)  # chain positions the merged head nodes stood in for
-                learn += [("lookup", first + j) for j in range(len(rest))]
+            tree, tokens = self._graft(tree, tokens, chain)
+            grafted = len(tokens) - len(q)
+            q += [None] * grafted
+            first = len(chain) - grafted  # chain positions the merged head nodes stood in for
+            learn += [("lookup", first + j) for j in range(grafted)]
         return Draft(tree, tokens, q, drafted=True, learn=tuple(learn), expected=choice.expected,
                      heads_ran=k / self.heads.config.num_heads if k else 0.0)
 

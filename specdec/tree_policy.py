@@ -157,7 +157,6 @@ class Choice:
     paths: tuple[tuple[int, ...], ...]  # head nodes as rank paths (root excluded), BFS order
     chain: int  # lookup chain tokens to graft (0: none)
     expected: float  # expected tokens this round: accepted drafts + the target's own token
-    seconds: float  # the cost model's time for this round
 
 
 class DynamicTree:
@@ -180,7 +179,7 @@ class DynamicTree:
         self.probe: bool | None = None
         self.probe_wins = 0  # probes in a row that beat plain decoding
         self.backoff = FIRST_REST
-        self.heads_rate: float | None = None  # running expected tokens/s of rounds that ran the heads
+        self.heads_rate: float | None = None  # running tokens/s that rounds with every head actually yielded
         # What the heads' own nodes added to recent trees (running averages): expected tokens and nodes.
         self.heads_gain, self.heads_nodes = 0.0, 0.0
 
@@ -236,7 +235,7 @@ class DynamicTree:
         paths = tuple(sorted((p for kind, p, _ in taken if kind == "heads"), key=lambda p: (len(p), p)))
         n_chain = sum(1 for kind, _, _ in taken if kind == "lookup")
         expected = 1.0 + sum(v for _, _, v in taken)
-        return Choice(paths, n_chain, expected, self.cost.round_time(best + 1, heads_ran, expected, not greedy))
+        return Choice(paths, n_chain, expected)
 
     def observe(self, greedy: bool, heads: list[tuple[int, int, float, float]], lookup: list[tuple[int, float]],
                 nodes: int, accepted: int, heads_ran: float) -> None:

@@ -110,7 +110,7 @@ def test_save_load_round_trip(llama, tmp_path, shared):
     # through the public API: the tree shipped with the heads becomes tree="trained"
     out = specdec.load(llama, heads=str(tmp_path), device="cpu")
     assert out.tree_paths == tree
-    assert out.engine.resolve_tree("auto").paths == ((), (0,), (1,), (0, 0))
+    assert out.engine.resolve_tree("trained").paths == ((), (0,), (1,), (0, 0))
 
 
 def test_save_load_is_exact_in_float32(llama, tmp_path):
