@@ -114,6 +114,10 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
     """
     if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 1:
         raise ValueError(f"`max_batch_size` must be an integer >= 1, got {max_batch_size!r}")
+    if not (cost_cache is None or isinstance(cost_cache, (bool, str, os.PathLike))):
+        raise ValueError(f"`cost_cache` must be None, True, False or a folder path, got {cost_cache!r}")
+    if isinstance(cost_cache, (str, os.PathLike)) and os.path.isfile(cost_cache):
+        raise ValueError(f"`cost_cache` must be a folder, but {str(cost_cache)!r} is a file")
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
     from transformers.utils import logging as hf_logging
 

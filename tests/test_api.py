@@ -84,3 +84,14 @@ def test_max_batch_size_is_checked_and_reaches_the_scheduler(embedded):
         specdec.load(embedded.model, heads=None, max_batch_size=0)
     one = specdec.load(embedded.model, heads=embedded.heads, tokenizer=embedded.tokenizer, max_batch_size=1)
     assert one.scheduler.max_batch_size == 1 and one.scheduler is one.scheduler
+
+
+def test_cost_cache_is_checked_and_keeps_the_cost_model(embedded, tmp_path):
+    with pytest.raises(ValueError, match="`cost_cache` must be None, True, False or a folder path"):
+        specdec.load(embedded.model, heads=None, cost_cache=3)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="`cost_cache` must be a folder"):
+        specdec.load(embedded.model, heads=None, cost_cache=tmp_path / "file")
+    kept = specdec.load(embedded.model, heads=None, tokenizer=embedded.tokenizer, cost_cache=tmp_path / "costs")
+    model = kept.engine.cost_model()
+    assert (tmp_path / "costs" / f"cost-{model.key}.json").is_file()
