@@ -32,11 +32,6 @@ def decode_rounds(events: Sequence[RoundEvent]) -> list[RoundEvent]:
     return [ev for ev in events if ev.index > 0]
 
 
-def spec_rounds(events: Sequence[RoundEvent]) -> list[RoundEvent]:
-    """Decoding rounds that verified a draft tree (plain rounds have no nodes)."""
-    return [ev for ev in events if ev.index > 0 and ev.nodes]
-
-
 def accepted_drafts(ev: RoundEvent) -> int:
     """Drafted tokens the round emitted (cut at EOS or max_new_tokens)."""
     return sum(1 for t in ev.emitted if t.kind == "accepted")
