@@ -93,7 +93,8 @@ def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
 
 
 def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix_cache=None,
-         cost_cache: str | None | bool = None, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE) -> Loaded:
+         cost_cache: str | None | bool = None, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+         cuda_graphs: bool | None = None) -> Loaded:
     """Load a target model and its Medusa heads.
 
     Args:
@@ -111,9 +112,14 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
             or True for $SPECDEC_CACHE (default ~/.cache/specdec), keeps them per model, device and
             dtype across processes (refresh with `engine.refresh_cost(events)`).
         max_batch_size: requests decoded together by `Loaded.scheduler` (1: one at a time).
+        cuda_graphs: replay captured CUDA graphs of the target forward and the heads (`specdec.graphs`);
+            None (default) turns them on where the model runs on CUDA. True on another device is refused.
+            A forward that cannot be captured runs eagerly, with a log line.
     """
     if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 1:
         raise ValueError(f"`max_batch_size` must be an integer >= 1, got {max_batch_size!r}")
+    if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+        raise ValueError(f"`cuda_graphs` must be None, True or False, got {cuda_graphs!r}")
     if not (cost_cache is None or isinstance(cost_cache, (bool, str, os.PathLike))):
         raise ValueError(f"`cost_cache` must be None, True, False or a folder path, got {cost_cache!r}")
     if isinstance(cost_cache, (str, os.PathLike)) and os.path.isfile(cost_cache):
@@ -147,7 +153,11 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
         if tokenizer is None:
             tokenizer = AutoTokenizer.from_pretrained(str(model))
     hf_model.eval()
+    if cuda_graphs and hf_model.device.type != "cuda":
+        raise ValueError(f"`cuda_graphs=True` needs a CUDA device, but the model is on {hf_model.device}")
     target = TargetModel(hf_model)
+    if cuda_graphs is not False and target.device.type == "cuda":
+        target.use_graphs("cuda")
     tree_paths = None
     if heads is None:
         head_mod = None

@@ -170,8 +170,17 @@ def measure(engine: "Engine", budget_s: float = 2.0, max_nodes: int = 64, reps: 
     ctx = max(1, min(CONTEXT, (target.max_length or 1 << 30) - max_nodes - 2))
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, target.vocab_size, (ctx + max_nodes,), generator=gen)
-    cap = kv_cache.bucket(ctx + max_nodes + 1) if target.slots else None
-    cache = kv_cache.new_cache(target.model, cap)
+    # The request path's own kind of buffer: with CUDA graphs, the pooled one their replays write.
+    cache, _ = target.new_cache(ctx + 2 * max_nodes + 1 if target.slots else None)
+    try:
+        return _measure(engine, cache, ids, ctx, deadline, budget_s, max_nodes, reps)
+    finally:
+        target.release(cache)
+
+
+def _measure(engine: "Engine", cache, ids: torch.Tensor, ctx: int, deadline: float, budget_s: float,
+             max_nodes: int, reps: int) -> CostModel:
+    target = engine.target
     target.forward(ids[:ctx], cache)
     shape = PRESETS["default"]  # the node layout does not change the cost; its size does
 
@@ -217,7 +226,7 @@ def measure(engine: "Engine", budget_s: float = 2.0, max_nodes: int = 64, reps: 
         kv_cache.keep_path(cache, ctx, [])
 
         def heads_then_forward() -> None:
-            torch.topk(engine.heads(h).float().softmax(-1), 10, -1)[0].tolist()
+            torch.topk(engine.head_logits(h).float().softmax(-1), 10, -1)[0].tolist()
             forward(1)
 
         added = []
@@ -226,13 +235,14 @@ def measure(engine: "Engine", budget_s: float = 2.0, max_nodes: int = 64, reps: 
             if rep:
                 added.append(th - t1)
         heads_s = max(statistics.median(added), 0.0)
-    overhead_s = _overhead(engine, ids[:16].tolist())
-    drafted_s = _drafted_overhead(engine, ids[:3].tolist() * 6, overhead_s)
     row = target.logits(target.forward(ids[ctx : ctx + 1], cache)[-1])  # [V]
     kv_cache.keep_path(cache, ctx, [])
+    target.release(cache)  # the requests below may want the pooled buffer
     law = SamplingParams(temperature=0.7, top_p=0.9)  # the app's default law: filters that cut
     draws = torch.Generator(device=row.device).manual_seed(0)
     verify_s = _time(lambda: sample(target_probs(row, law), draws), reps)
+    overhead_s = _overhead(engine, ids[:16].tolist())
+    drafted_s = _drafted_overhead(engine, ids[:3].tolist() * 6, overhead_s)
     return CostModel(tuple(nodes), tuple(times), heads_s, overhead_s, model_key(engine), verify_s, drafted_s)
 
 

@@ -160,7 +160,13 @@ class Engine:
 
     def _loop(self, plan: Plan, callbacks: list[RoundCallback], should_stop) -> Iterator[RoundEvent]:
         run = self._open(plan)
-        index = 0
+        try:
+            yield from self._rounds(run, callbacks, should_stop)
+        finally:  # finished, stopped, or the consumer let go: a pooled KV buffer goes back
+            self.target.release(run.cache)
+
+    def _rounds(self, run: "RunState", callbacks: list[RoundCallback], should_stop) -> Iterator[RoundEvent]:
+        plan, index = run.plan, 0
         while True:
             params = plan.get_params() if index else plan.first
             clock = Stopwatch()
@@ -193,12 +199,16 @@ class Engine:
         most_nodes = (plan.tree.num_nodes + req.lookup) if plan.tree is not None else 1
         if policy is not None:
             most_nodes = policy.max_nodes + req.lookup
-        capacity = kv_cache.bucket(len(plan.ids) + req.max_new_tokens + most_nodes) if target.slots else None
+        # A captured forward pads a round of N nodes to its bucket (< 2N), so leave room for that too.
+        slots = len(plan.ids) + req.max_new_tokens + 2 * most_nodes if target.slots else None
         cache, hit = None, 0
         if self.prefix_cache is not None:
-            cache, hit = self.prefix_cache.lookup(target.model, plan.ids, capacity)
-        if cache is None:
-            cache, hit = kv_cache.new_cache(target.model, capacity), 0
+            cache, hit = self.prefix_cache.lookup(target.model, plan.ids, kv_cache.bucket(slots) if slots else None)
+        fresh, pooled = target.new_cache(slots) if cache is None or target.graphs is not None else (None, False)
+        if pooled and cache is not None:  # the captured forwards write their own buffer: the prefix goes there
+            kv_cache.copy_prefix(cache, fresh, hit)
+        if cache is None or pooled:
+            cache, hit = fresh, hit if pooled and cache is not None else 0
         ngram = NgramIndex(plan.ids, req.lookup_ngram) if plan.tree is not None and req.lookup else None
         return RunState(plan, cache, hit, seed, torch.Generator(device=target.device).manual_seed(seed),
                     IncrementalDecoder(self.tokenizer), ngram, limit=target.max_length or 1 << 62, policy=policy)
@@ -353,9 +363,17 @@ class Engine:
         """
         if run.shared_heads is not None:
             return run.shared_heads(run)[:k]
-        if k is not None and k < self.heads.config.num_heads:
-            return self.heads.first(run.h_last, k)
-        return self.heads(run.h_last)
+        return self.head_logits(run.h_last, k)
+
+    def head_logits(self, hidden: torch.Tensor, k: int | None = None) -> torch.Tensor:
+        """The first k heads' logits (all: None) for one hidden state [H] -> [k, V]: a captured graph where there is one."""
+        K = self.heads.config.num_heads
+        k = K if k is None else min(k, K)
+        if self.target.graphs is not None:
+            logits = self.target.graphs.heads(self.heads, hidden, k)
+            if logits is not None:
+                return logits
+        return self.heads.first(hidden, k) if k < K else self.heads(hidden)
 
     def _fill(self, tree: Tree, run: "RunState") -> tuple[list[int], list[float | None]]:
         """The heads fill the tree: N tokens and their draft probabilities (None at the root)."""

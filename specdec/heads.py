@@ -74,6 +74,12 @@ class MedusaHeads(nn.Module):
                     for head in self.lm_heads:
                         head.weight.copy_(base_lm_head.weight)
 
+    @property
+    def graph_safe(self) -> bool:
+        """Can `specdec.graphs` capture these heads? Ours are pure tensor code; a subclass that computes its
+        own way (the bench's oracle looks things up on the host) runs eagerly."""
+        return type(self).forward is MedusaHeads.forward and type(self).first is MedusaHeads.first
+
     def project(self, k: int, x: torch.Tensor) -> torch.Tensor:
         head = self._shared[0] if self.config.shared_lm_head else self.lm_heads[k]
         return head(x)

@@ -89,6 +89,11 @@ class _SlotLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        index = self.owner.write_index
+        if index is not None:  # slots given on the device (a CUDA graph replays this write at new slots)
+            self.keys.index_copy_(2, index, key_states)
+            self.values.index_copy_(2, index, value_states)
+            return self.keys, self.values
         start = self.owner.length
         end = start + key_states.shape[-2]
         assert end <= self.owner.capacity, f"KV buffer overflow: {end} slots > capacity {self.owner.capacity}"
@@ -122,11 +127,27 @@ class SlotCache(Cache):
         # Attend over the whole buffer (shapes repeat: what CUDA graphs need), or only over the slots in
         # use (less attention work where every op runs eagerly, as on a CPU).
         self.fixed_shapes = fixed_shapes
+        # [T] long, on the device: where the next forward writes its T entries, instead of
+        # [length, length + T). Set only around a captured forward (`specdec.graphs`), over the whole buffer.
+        self.write_index: torch.Tensor | None = None
         super().__init__(layers=[_SlotLayer(self) for _ in range(num_layers)])
 
     def width(self, new_tokens: int) -> int:
         """Key slots a forward of `new_tokens` attends over."""
         return self.capacity if self.fixed_shapes else self.length + new_tokens
+
+    @property
+    def allocated(self) -> bool:
+        return bool(self.layers) and self.layers[0].is_initialized
+
+    def sharing(self) -> "SlotCache":
+        """An empty cache over this one's buffers (no copy): a pooled buffer lent to the next request."""
+        assert self.allocated, "allocate the buffers (one forward) before sharing them"
+        other = SlotCache(len(self.layers), self.capacity, self.fixed_shapes)
+        for mine, theirs in zip(other.layers, self.layers):
+            mine.dtype, mine.device = theirs.dtype, theirs.device
+            mine.keys, mine.values, mine.is_initialized = theirs.keys, theirs.values, True
+        return other
 
 
 class _RowsLayer(CacheLayerMixin):
@@ -358,6 +379,16 @@ def restore(model, saved: list[tuple[torch.Tensor, torch.Tensor]], upto: int, ca
     for i, (k, v) in enumerate(saved):
         cache.update(k[..., :upto, :].clone(), v[..., :upto, :].clone(), i)
     return cache
+
+
+@torch.inference_mode()
+def copy_prefix(src: Cache, dst: SlotCache, upto: int) -> None:
+    """Put the first `upto` committed entries of `src` into `dst`'s buffers and commit them there."""
+    assert dst.allocated and upto <= dst.capacity
+    for mine, theirs in zip(dst.layers, _layers(src)):
+        mine.keys[:, :, :upto] = theirs.keys[..., :upto, :]
+        mine.values[:, :, :upto] = theirs.values[..., :upto, :]
+    dst.length = upto
 
 
 def nbytes(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> int:

@@ -58,7 +58,38 @@ class TargetModel:
         # The last position a request may reach exactly: None (no limit) once the window is in the masks.
         self.exact_limit = self.window if self.window_mode == "bounded" else None
         # specdec's position-addressed buffer where the model's attention honours it; HF's growing cache else.
+        self.graphs = None  # specdec.graphs.Graphs once `use_graphs` is called: captured forwards
         self.slots = self._slots_work()
+
+    def use_graphs(self, capture: str = "cuda") -> bool:
+        """Replay captured forwards from now on (CUDA graphs; "recorded" is the CPU stand-in for tests).
+
+        Returns False, with a log line, where the model cannot: its attention does not use the slot buffer.
+        """
+        from .graphs import Graphs
+
+        if not self.slots:
+            log.warning("%s uses HF's DynamicCache, whose shapes change every round: no CUDA graphs",
+                        type(self.model).__name__)
+            return False
+        self.graphs = Graphs(self, capture)
+        return True
+
+    def new_cache(self, slots: int | None) -> tuple[object, bool]:
+        """A request's empty KV buffer for `slots` (None: HF's growing cache) -> (cache, pooled).
+
+        Pooled: the captured forwards' own buffer, lent to this request (release it when done).
+        """
+        if slots is not None and self.graphs is not None:
+            lent = self.graphs.cache(slots)
+            if lent is not None:
+                return lent, True
+        return kv_cache.new_cache(self.model, None if slots is None else kv_cache.bucket(slots)), False
+
+    def release(self, cache) -> None:
+        """A request is done with its cache: a pooled one goes back to the pool."""
+        if self.graphs is not None:
+            self.graphs.release(cache)
 
     def _window_mode(self) -> str | None:
         """How a tree's mask reaches sliding-window layers.
@@ -157,6 +188,10 @@ class TargetModel:
             tree_mask: [T, T] bool ancestor mask, or None for plain causal attention.
             depth: [T] position offsets (tree depth), required with tree_mask.
         """
+        if self.graphs is not None:
+            hidden = self.graphs.forward(input_ids, cache, tree_mask, depth)
+            if hidden is not None:
+                return hidden
         past = kv_cache.length(cache)
         T = input_ids.shape[0]
         kwargs = {}

@@ -208,9 +208,14 @@ def test_chi2_helper_detects_a_small_bias():
 
 # -- end to end through the engine -------------------------------------------------
 
-def engine_counts(model, tree: str, n: int, seed0: int, prefix_cache=None) -> np.ndarray:
-    """Counts of (t2, t3): the first two tokens of the first speculative round."""
+def engine_counts(model, tree: str, n: int, seed0: int, prefix_cache=None, graphs: bool = False) -> np.ndarray:
+    """Counts of (t2, t3): the first two tokens of the first speculative round.
+
+    graphs: run every forward through `specdec.graphs` (recorded replays of captured forwards on the CPU).
+    """
     loaded = specdec.load(model, heads="random", device="cpu", prefix_cache=prefix_cache)
+    if graphs:
+        assert loaded.engine.target.use_graphs("recorded")
     counts = np.zeros((V, V))
     prompt = CONTEXT + [ROOT]
     accepted = []  # drafted tokens accepted in round 1
@@ -243,6 +248,30 @@ def test_engine_is_lossless(model, joint_after_first, tree):
     p = chi2_pvalue(counts, joint_after_first)
     print(f"\n[engine, {tree}] chi-square p = {p:.4g}")
     assert p > PASS_P
+
+
+@pytest.mark.slow
+def test_engine_through_graphs_is_lossless(model, joint_after_first):
+    """The captured-forward path (pooled buffer, padded buckets, mask built from device inputs)."""
+    counts = engine_counts(model, "default", N_ENGINE, seed0=30_000, graphs=True)
+    assert counts[joint_after_first == 0].sum() == 0
+    p = chi2_pvalue(counts, joint_after_first)
+    print(f"\n[engine, graphs] chi-square p = {p:.4g}")
+    assert p > PASS_P
+
+
+@pytest.mark.slow
+def test_graphs_negative_control_tree_rows_as_a_chain(model, joint_after_first, monkeypatch):
+    """Planted bug in the graph path: the tree's ancestor rows staged as a causal chain."""
+    from specdec import graphs as graphs_mod
+
+    staged = graphs_mod._Forward.__call__
+    monkeypatch.setattr(graphs_mod._Forward, "__call__",
+                        lambda self, ids, past, tree_mask, depth: staged(self, ids, past, None, depth))
+    counts = engine_counts(model, "default", N_CONTROL, seed0=30_000, graphs=True)
+    p = chi2_pvalue(counts, joint_after_first)
+    print(f"\n[engine, graphs] chain-rows control p = {p:.4g}")
+    assert p < FAIL_P
 
 
 @pytest.mark.slow

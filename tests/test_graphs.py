@@ -1,0 +1,237 @@
+"""specdec.graphs: captured forwards over pooled KV buffers, exact against eager and HF `generate`.
+
+On the CPU the graphs run under `RecordedReplay`, which re-runs the captured function with the
+Python state it saw at capture, so anything a real CUDA graph would bake in (the cache length, a
+slice bound) shows up here as a wrong answer. The CUDA-only test runs where a GPU is present.
+"""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import specdec
+from conftest import ARCHS, PROMPTS, hf_greedy, make_model
+from specdec import GenerationRequest, graphs as graphs_mod, kv_cache
+from specdec.draft_tree import PRESETS, build_tree
+from specdec.prefix_cache import PrefixCache
+from specdec.sampler import SamplingParams
+
+
+def graphed(model, heads="random", **kw):
+    loaded = specdec.load(model, heads=heads, device="cpu", **kw)
+    assert loaded.engine.target.use_graphs("recorded")
+    return loaded
+
+
+def tokens(events) -> list[int]:
+    return [t.token_id for e in events for t in e.emitted]
+
+
+def test_token_bucket():
+    assert [graphs_mod.token_bucket(n) for n in (1, 2, 3, 5, 16, 17, 128)] == [1, 2, 4, 8, 16, 32, 128]
+    assert graphs_mod.token_bucket(129) is None
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_graphed_forward_equals_eager(arch, models):
+    """A tree round at a committed length > 0, each bucket captured on its first use, equals an eager forward."""
+    model = models[arch]
+    target = graphed(model, heads=None).engine.target
+    prompt = torch.tensor(PROMPTS[2])
+    for n in (1, 2, 5, 9, 17, 26, 40):
+        tree = build_tree(PRESETS["default"][: n - 1]) if n > 1 else None
+        toks = torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(n))
+        pooled, was_pooled = target.new_cache(100)
+        assert was_pooled
+        target.forward(prompt, pooled)
+        got = target.forward(toks, pooled, *((tree.ancestor_mask, tree.depth_t) if tree else ()))
+        committed = [(l.keys[..., : len(prompt), :].clone()) for l in pooled.layers]
+        target.release(pooled)
+        graphs, target.graphs = target.graphs, None  # the eager reference
+        eager = kv_cache.new_cache(model, 256)
+        target.forward(prompt, eager)
+        want = target.forward(toks, eager, *((tree.ancestor_mask, tree.depth_t) if tree else ()))
+        target.graphs = graphs
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        for mine, ref in zip(committed, eager.layers):  # capture's warm-up runs left the prompt's slots intact
+            torch.testing.assert_close(mine, ref.keys[..., : len(prompt), :], atol=1e-5, rtol=1e-5)
+    assert not target.graphs.failures
+    assert {b for _, b in target.graphs._forwards} >= {1, 2, 8, 16, 32, 64}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("tree,lookup", [("chain", 0), ("default", 0), ("auto", 0), ("auto", 10), ("none", 10)])
+def test_greedy_equals_hf_generate(arch, models, tree, lookup):
+    model = models[arch]
+    loaded = graphed(model)
+    for prompt in PROMPTS[:2]:
+        ref = hf_greedy(model, prompt, 40)
+        assert tokens(loaded.engine.stream(GenerationRequest(prompt, 40, tree=tree, lookup=lookup))) == ref
+    assert not loaded.engine.target.graphs.failures
+
+
+def test_plain_and_heads_through_graphs(llama):
+    loaded = graphed(llama)
+    engine, graphs = loaded.engine, loaded.engine.target.graphs
+    assert tokens(engine.stream(GenerationRequest(PROMPTS[1], 30, speculative=False))) == hf_greedy(llama, PROMPTS[1], 30)
+    h = torch.randn(llama.config.hidden_size)
+    for k in (1, 2, 4):  # a probe (the first head alone) and every head
+        torch.testing.assert_close(engine.head_logits(h, k), loaded.heads(h)[:k], atol=1e-5, rtol=1e-5)
+    assert {k for _, k in graphs._heads} == {1, 2, 4}
+
+
+def test_after_any_commits_the_buffer_equals_a_fresh_prefill(llama):
+    """Graphed rounds with random accepted paths: the pooled buffer's committed slots are a prefill's."""
+    target = graphed(llama, heads=None).engine.target
+    gen = torch.Generator().manual_seed(0)
+    committed = list(PROMPTS[1])
+    cache, pooled = target.new_cache(200)
+    assert pooled
+    target.forward(torch.tensor(committed), cache)
+    tree = build_tree(PRESETS["default"])
+    for _ in range(12):
+        toks = torch.randint(0, 128, (tree.num_nodes,), generator=gen)
+        target.forward(toks, cache, tree.ancestor_mask, tree.depth_t)
+        leaf = int(torch.randint(0, tree.num_nodes, (1,), generator=gen))
+        path = [leaf]
+        while tree.parent[path[-1]] >= 0:
+            path.append(tree.parent[path[-1]])
+        path = path[::-1]
+        kv_cache.keep_path(cache, len(committed), path)
+        committed += [int(toks[i]) for i in path]
+    fresh = kv_cache.new_cache(llama, 256)
+    graphs, target.graphs = target.graphs, None
+    target.forward(torch.tensor(committed), fresh)
+    target.graphs = graphs
+    assert cache.length == len(committed)
+    for mine, ref in zip(cache.layers, fresh.layers):
+        torch.testing.assert_close(mine.keys[..., : len(committed), :], ref.keys[..., : len(committed), :],
+                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(mine.values[..., : len(committed), :], ref.values[..., : len(committed), :],
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_a_round_past_the_buffer_runs_eagerly(llama):
+    """At the capacity boundary, a round whose bucket would not fit runs eagerly in the same buffer, exactly."""
+    target = graphed(llama, heads=None).engine.target
+    cache, _ = target.new_cache(200)  # 256 slots
+    prompt = torch.randint(0, 128, (250,), generator=torch.Generator().manual_seed(1))
+    target.forward(prompt, cache)  # 250 tokens: beyond every bucket, eager
+    toks = torch.tensor([3, 4, 5, 6, 7])  # bucket 8 would need slots up to 258
+    got = target.forward(toks, cache)
+    assert cache.length == 255 and (cache.capacity, 8) not in target.graphs._forwards
+    graphs, target.graphs = target.graphs, None
+    want = target.forward(torch.cat([prompt, toks]), kv_cache.new_cache(llama, 256))[-5:]
+    target.graphs = graphs
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_pool_lends_one_buffer_per_capacity(llama):
+    loaded = graphed(llama)
+    engine, graphs = loaded.engine, loaded.engine.target.graphs
+    ref = hf_greedy(llama, PROMPTS[0], 24)
+    first = engine.stream(GenerationRequest(PROMPTS[0], 24, tree="default"))
+    next(first)  # holds the pooled buffer
+    # A second request meanwhile gets its own buffer (eager) and is just as exact.
+    assert tokens(engine.stream(GenerationRequest(PROMPTS[0], 24, tree="default"))) == ref
+    rest = list(first)
+    first.close()
+    assert len(graphs._lent) == 0 or all(r() is None for r in graphs._lent.values())
+    held, pooled = engine.target.new_cache(40)
+    assert pooled  # released at the end of the stream
+    engine.target.release(held)
+    stopped = engine.stream(GenerationRequest(PROMPTS[0], 24, tree="default"))
+    next(stopped)
+    stopped.close()  # a consumer that lets go early gives the buffer back too
+    held, pooled = engine.target.new_cache(40)
+    assert pooled and rest
+
+
+def test_prefix_cache_hit_through_graphs(llama):
+    loaded = graphed(llama, prefix_cache=PrefixCache(min_tokens=4))
+    prompt = PROMPTS[1]
+    ref = hf_greedy(llama, prompt + [11], 30)
+    list(loaded.engine.stream(GenerationRequest(prompt, 5, tree="default")))
+    events = list(loaded.engine.stream(GenerationRequest(prompt + [11], 30, tree="default")))
+    assert events[0].prefix_cache_hit >= len(prompt) - 1
+    assert tokens(events) == ref
+
+
+def test_sliding_window_past_the_window_stays_exact():
+    """Rounds that reach a sliding window run eagerly (their mask is built there); the rest replay."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                        sliding_window=12, initializer_range=0.1, bos_token_id=None, eos_token_id=None,
+                        pad_token_id=None)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = MistralForCausalLM(cfg).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    loaded = graphed(model)
+    ref = hf_greedy(model, PROMPTS[0], 40)
+    assert tokens(loaded.engine.stream(GenerationRequest(PROMPTS[0], 40, tree="default"))) == ref
+
+
+def test_capture_failure_falls_back_to_eager(llama, monkeypatch, caplog):
+    loaded = graphed(llama)
+
+    def broken(self, fn, state=None):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(graphs_mod.Graphs, "capture", broken)
+    with caplog.at_level(logging.WARNING, logger="specdec.graphs"):
+        out = tokens(loaded.engine.stream(GenerationRequest(PROMPTS[0], 24, tree="default")))
+    assert out == hf_greedy(llama, PROMPTS[0], 24)
+    graphs = loaded.engine.target.graphs
+    assert graphs.failures and all(v is None for v in graphs._forwards.values())
+    assert "running it eagerly" in caplog.text
+
+
+def test_negative_control_a_write_at_the_python_length_is_caught(llama, monkeypatch):
+    """Planted bug: layers write at the cache's Python length, not the device index. A real graph bakes
+    that length in at capture; the recorded replay does too, and the output leaves HF's."""
+    original = kv_cache._SlotLayer.update
+
+    def baked(self, key_states, value_states, *args, **kwargs):
+        if self.owner.write_index is not None and self.is_initialized:
+            start = self.owner.length
+            self.keys[:, :, start : start + key_states.shape[-2]] = key_states
+            self.values[:, :, start : start + key_states.shape[-2]] = value_states
+            return self.keys, self.values
+        return original(self, key_states, value_states, *args, **kwargs)
+
+    monkeypatch.setattr(kv_cache._SlotLayer, "update", baked)
+    loaded = graphed(llama)
+    out = tokens(loaded.engine.stream(GenerationRequest(PROMPTS[1], 40, tree="default")))
+    assert out != hf_greedy(llama, PROMPTS[1], 40)
+
+
+def test_load_cuda_graphs_argument(llama):
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        specdec.load(llama, heads=None, device="cpu", cuda_graphs=True)
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        specdec.load(llama, heads=None, device="cpu", cuda_graphs="yes")
+    assert specdec.load(llama, heads=None, device="cpu").engine.target.graphs is None
+    with pytest.raises(ValueError, match="capture"):
+        graphs_mod.Graphs(specdec.load(llama, heads=None, device="cpu").engine.target, "replay")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graphs_greedy_equals_hf_generate_fp32():
+    for arch in ARCHS:
+        model = make_model(arch).cuda()
+        loaded = specdec.load(model, heads="random", device="cuda", dtype="float32")
+        assert loaded.engine.target.graphs is not None
+        for tree in ("chain", "default", "auto"):
+            ids = torch.tensor([PROMPTS[1]], device="cuda")
+            ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=40,
+                                 min_new_tokens=40, pad_token_id=0)[0, ids.shape[1]:].tolist()
+            got = tokens(loaded.engine.stream(GenerationRequest(PROMPTS[1], 40, tree=tree, lookup=10,
+                                                                params=SamplingParams())))
+            assert got == ref, (arch, tree)
+        assert not loaded.engine.target.graphs.failures
