@@ -40,6 +40,7 @@ def parse_args(argv=None) -> tuple[BenchConfig, argparse.Namespace]:
     ap.add_argument("--stop-at-eos", action="store_true", help="stop at EOS (default: decode exactly N tokens)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-cuda-graphs", action="store_true", help="run specdec's forwards eagerly on CUDA too")
     ap.add_argument("--out", default="bench_out", help="output folder (default: bench_out/)")
     ap.add_argument("--report-from", default=None, help="rebuild the Markdown and HTML of a results.json, run nothing")
     a = ap.parse_args(argv)
@@ -51,7 +52,7 @@ def parse_args(argv=None) -> tuple[BenchConfig, argparse.Namespace]:
         max_new_tokens=a.max_new_tokens or (64 if a.quick else 128), repeats=a.repeats or (2 if a.quick else 3),
         warmup=a.warmup, methods=tuple(a.methods.split(",")) if a.methods else None, temperature=a.temperature,
         top_p=a.top_p, stop_at_eos=a.stop_at_eos, threads=a.threads or (os.cpu_count() if device == "cpu" else None),
-        seed=a.seed, lookup=a.lookup)
+        seed=a.seed, lookup=a.lookup, cuda_graphs=not a.no_cuda_graphs)
     try:
         cfg.check()
     except ValueError as e:

@@ -43,6 +43,7 @@ class BenchConfig:
     stop_at_eos: bool = False  # False: every method decodes exactly max_new_tokens
     threads: int | None = None  # torch CPU threads (default: all cores)
     seed: int = 0
+    cuda_graphs: bool = True  # specdec's captured forwards where the model runs on CUDA (False: eager)
 
     def check(self) -> None:
         """Raise ValueError for settings the benchmark cannot run; the request's own limits are checked by

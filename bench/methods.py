@@ -22,6 +22,9 @@ class Method:
     acceptance: str = "auto"  # engine: GenerationRequest.acceptance
     temperature: float | None = None  # sampling methods: overrides the run's --temperature
     top_p: float | None = None  # ... and its --top-p
+    hf_cache: str | None = None  # hf: GenerationConfig.cache_implementation ("static"); None: HF's dynamic cache
+    hf_compile: bool = False  # hf: let generate torch.compile the decode step (static cache, CUDA only)
+    opt_in: bool = False  # runs only when named in --methods (slow or device-specific)
 
     def sampling_params(self, temperature: float, top_p: float) -> tuple[float, float]:
         """(temperature, top_p) of a sampling method: its own where set, else the run's."""
@@ -40,6 +43,12 @@ METHODS = (
     Method("hf_sample", "HF generate sampling", "hf", True),
     Method("hf_sample_t1", "HF generate sampling, T=1.0, no filters", "hf", True, **T1),
     Method("hf_prompt_lookup", "HF prompt lookup (greedy)", "hf", False, prompt_lookup=True),
+    Method("hf_static_greedy", "HF generate greedy, static cache, not compiled", "hf", False, hf_cache="static",
+           opt_in=True),
+    # torch.compile(mode="reduce-overhead") of the decode step: minutes to compile, and it crashed
+    # through generate on one GPU image (REFERENCE.md), so the GPU script runs it in its own process.
+    Method("hf_compiled_greedy", "HF generate greedy, static cache, compiled (CUDA graphs)", "hf", False,
+           hf_cache="static", hf_compile=True, opt_in=True),
     Method("plain_greedy", "specdec speculative=False greedy", "engine", False),
     Method("plain_sample", "specdec speculative=False sampling", "engine", True),
     Method("plain_sample_t1", "specdec speculative=False sampling, T=1.0", "engine", True, **T1),
@@ -108,7 +117,7 @@ def select_methods(wanted: tuple[str, ...] | None, has_heads: bool, has_trained_
             raise ValueError(f"unknown method(s) {sorted(unknown)}; choose from {list(BY_ID)}")
     out = []
     for m in METHODS:
-        if wanted is not None and m.id not in wanted:
+        if (m.id not in wanted) if wanted is not None else m.opt_in:
             continue
         if m.needs_heads and not has_heads:
             continue

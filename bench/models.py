@@ -19,6 +19,9 @@ RANDOM_SHAPES = {
     # A few-MB model for tests and dry runs of the GPU script; its vocabulary is the embedded tokenizer's.
     "tiny": ("llama", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                            num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True)),
+    "tiny-qwen2": ("qwen2", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, max_position_embeddings=1024, use_sliding_window=False,
+                                 initializer_range=0.1)),
 }
 
 
@@ -53,13 +56,15 @@ def load_target(cfg: BenchConfig) -> tuple[specdec.Loaded, OracleHeads | None]:
         if len(tokenizer) != model.config.vocab_size:
             tokenizer = None  # prompts are still encoded with it, but it cannot decode this vocabulary
     heads = cfg.heads
+    graphs = None if cfg.cuda_graphs else False  # None: on where the model runs on CUDA
     if heads == "none" or (heads or "").startswith("oracle"):
         # specdec.load(None, None) means "embedded model with embedded heads", so name the model explicitly.
         loaded = specdec.load(model if model is not None else str(DEFAULT_MODEL), None, cfg.device, dtype,
-                              tokenizer=tokenizer)
+                              tokenizer=tokenizer, cuda_graphs=graphs)
         if heads == "none":
             return loaded, None
         acc = float(heads.split(":", 1)[1]) if ":" in heads else 1.0
         oracle = OracleHeads(loaded.model, accuracy=acc, seed=cfg.seed, mimic_cost=True)
-        return specdec.load(loaded.model, oracle, cfg.device, dtype, tokenizer=loaded.tokenizer), oracle
-    return specdec.load(model, heads, cfg.device, dtype, tokenizer=tokenizer), None
+        return specdec.load(loaded.model, oracle, cfg.device, dtype, tokenizer=loaded.tokenizer,
+                            cuda_graphs=graphs), oracle
+    return specdec.load(model, heads, cfg.device, dtype, tokenizer=tokenizer, cuda_graphs=graphs), None

@@ -128,6 +128,7 @@ def machine_meta(cfg: BenchConfig, loaded, oracle, memory, n_prompts: int, elaps
         "oracle_expected_tau": (sum(oracle.accuracy ** d for d in range(oracle.config.num_heads + 1))
                                 if oracle is not None else None),
         "trained_tree_nodes": info["trees"].get("trained"),
+        "cuda_graphs": info.get("cuda_graphs"),  # None: eager; else what was captured and what fell back
         "prompts": n_prompts, "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats, "warmup": cfg.warmup,
         "sampling": {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0},
         "prompt_lookup_num_tokens": cfg.lookup, "stop_at_eos": cfg.stop_at_eos,

@@ -68,6 +68,8 @@ def run_hf(loaded: specdec.Loaded, ids: list[int], m: Method, cfg: BenchConfig, 
         gc_kw.update(temperature=t, top_p=p, top_k=0)  # HF's default top_k is 50
     if m.prompt_lookup:
         gc_kw.update(prompt_lookup_num_tokens=cfg.lookup)
+    if m.hf_cache is not None:
+        gc_kw.update(cache_implementation=m.hf_cache, disable_compile=not m.hf_compile)
     x = torch.tensor([ids], device=dev)
     mask, config = torch.ones_like(x), GenerationConfig(**gc_kw)
     torch.manual_seed(seed)

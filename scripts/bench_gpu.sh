@@ -1,31 +1,38 @@
 #!/usr/bin/env bash
-# One prepared GPU benchmark, under 5 minutes on one H200 (bf16):
-#   1. bench.py on the embedded model with its shipped heads, every method;
-#   2. bench.py on a random-weight model with Qwen2-0.5B's shape (hidden 896, 24 layers,
-#      14 heads, 2 KV heads, vocab 151936), built from a config (no download), with oracle
-#      heads whose top-1 guess is right 80% of the time, so that engine efficiency
-#      (speedup / mean accepted length) is visible without trained weights.
-# Results: $OUT/<run>/results.{json,md} (+ report.html when plotly is installed). bench.py
-# rewrites them after every repeat, so a run cut by its timeout
-# still leaves the finished repeats behind (marked PARTIAL). Without plotly,
-# rebuild the HTML here: python bench.py --report-from <results.json> --out <dir>.
+# The prepared GPU check (issues 11, 12 and 13), about 7 minutes on one H200, each step under its
+# own `timeout` and in priority order, so that a slow step cannot take the whole lease:
+#   1. bench.py on a random-weight model with Qwen2-0.5B's shape (hidden 896, 24 layers, 14 heads,
+#      2 KV heads, vocab 151936), built from a config (no download), bf16, batch 1, with oracle heads
+#      whose top-1 guess is right 80% of the time: HF eager and static-cache generate, specdec plain,
+#      chain, 16- and 64-node trees, the dynamic tree, prompt lookup. specdec runs with CUDA graphs.
+#   2. greedy exactness on CUDA, fp32, tiny models, graphs on and off (scripts/gpu_exactness.py);
+#   3. aggregate tokens/s of continuous batching at batch 1, 4 and 16 (scripts/batch_throughput.py);
+#   4. specdec without CUDA graphs (plain and 64-node tree), to show what the graphs buy;
+#   5. HF generate with a static cache, compiled (torch.compile "reduce-overhead"), in its own process:
+#      it takes minutes to compile and crashed on one GPU image, so it goes last and alone;
+#   6. the embedded model with its shipped heads, a few methods, if time is left.
+# Results: $OUT/<step>/results.{json,md}, $OUT/*.json, $OUT/log.txt. bench.py rewrites its results
+# after every repeat, so a step cut by its timeout still leaves the finished repeats (marked PARTIAL).
+# Then, on a dev machine: python scripts/gpu_table.py <folder that came back>  (the BENCHMARKS.md table).
 #
-# With the device tool:   run(command="bash scripts/bench_gpu.sh", timeout_s=420)
-# Dry run on a CPU:       DEVICE=cpu DTYPE=float32 QWEN=random:tiny PROMPTS=2 TOKENS=16 REPEATS=1 bash scripts/bench_gpu.sh
-set -euo pipefail
+# With the device tool:   run(command="bash scripts/bench_gpu.sh", timeout_s=540)
+# Dry run on a CPU:       DEVICE=cpu DTYPE=float32 QWEN=random:tiny PROMPTS=2 TOKENS=16 REPEATS=1 BATCH_PROMPTS=4 bash scripts/bench_gpu.sh
+set -uo pipefail
 cd "$(dirname "$0")/.."
 
 DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bfloat16}
 QWEN=${QWEN:-random:qwen2-0.5b}
-PROMPTS=${PROMPTS:-3}     # embedded run; the Qwen-shaped run uses PROMPTS_QWEN
-PROMPTS_QWEN=${PROMPTS_QWEN:-2}
+PROMPTS=${PROMPTS:-2}
 TOKENS=${TOKENS:-96}
 REPEATS=${REPEATS:-2}
 ORACLE=${ORACLE:-0.8}
+BATCH_PROMPTS=${BATCH_PROMPTS:-16}
+BUDGET=${BUDGET:-450}   # seconds: optional steps start only while the script is under this
 OUT_DIR=${OUT:-bench_out/gpu}
 PY=${PYTHON:-$(command -v python3 || command -v python)}
 mkdir -p "$OUT_DIR"
+exec > >(tee -a "$OUT_DIR/log.txt") 2>&1
 
 # plotly is not in the GPU image: install it from carried wheels (carry .whl) when present.
 if ! "$PY" -c "import plotly" 2>/dev/null && [ -d .whl ]; then
@@ -38,16 +45,30 @@ fi
   "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 } | tee "$OUT_DIR/env.txt"
 
-start=$SECONDS
-# Each run has its own time limit so that one slow run cannot take the whole lease.
-timeout 170 "$PY" bench.py --device "$DEVICE" --dtype "$DTYPE" \
-  --num-prompts "$PROMPTS" --max-new-tokens "$TOKENS" --repeats "$REPEATS" \
-  --out "$OUT_DIR/embedded" || echo "embedded run failed or timed out (rc=$?)"
-echo "embedded: $((SECONDS - start))s"
+step() {  # step <name> <timeout_s> <optional:0|1> <command...>
+  local name=$1 limit=$2 optional=$3; shift 3
+  if [ "$optional" = 1 ] && [ "$SECONDS" -ge "$BUDGET" ]; then
+    echo "== $name: skipped (${SECONDS}s used, budget ${BUDGET}s)"; return
+  fi
+  local start=$SECONDS
+  echo "== $name (limit ${limit}s) at ${SECONDS}s"
+  timeout "$limit" "$@"
+  echo "== $name: rc=$? in $((SECONDS - start))s"
+}
 
-start=$SECONDS
-timeout 200 "$PY" bench.py --device "$DEVICE" --dtype "$DTYPE" --model "$QWEN" --heads "oracle:$ORACLE" \
-  --methods hf_greedy,hf_prompt_lookup,plain_greedy,chain_greedy,small_greedy,default_greedy,auto_greedy,lookup_greedy,hybrid_greedy \
-  --num-prompts "$PROMPTS_QWEN" --max-new-tokens "$TOKENS" --repeats "$REPEATS" \
-  --out "$OUT_DIR/qwen2-0.5b-oracle" || echo "qwen2-0.5b run failed or timed out (rc=$?)"
-echo "qwen2-0.5b-oracle: $((SECONDS - start))s"
+QWEN_ARGS=(--device "$DEVICE" --dtype "$DTYPE" --model "$QWEN" --heads "oracle:$ORACLE"
+           --num-prompts "$PROMPTS" --max-new-tokens "$TOKENS" --repeats "$REPEATS")
+step qwen 240 0 "$PY" bench.py "${QWEN_ARGS[@]}" \
+  --methods hf_greedy,hf_static_greedy,hf_prompt_lookup,plain_greedy,chain_greedy,small_greedy,default_greedy,auto_greedy,lookup_greedy,hybrid_greedy \
+  --out "$OUT_DIR/qwen2-0.5b-oracle"
+step exactness 120 0 "$PY" scripts/gpu_exactness.py --device "$DEVICE" --out "$OUT_DIR/exactness.json"
+step batch 150 1 "$PY" scripts/batch_throughput.py --model "$QWEN" --device "$DEVICE" --dtype "$DTYPE" \
+  --sizes 1,4,16 --prompts "$BATCH_PROMPTS" --tokens 64 --repeats 1 --out "$OUT_DIR/batch.json"
+step eager 90 1 "$PY" bench.py "${QWEN_ARGS[@]}" --no-cuda-graphs --repeats 1 \
+  --methods hf_greedy,plain_greedy,default_greedy --out "$OUT_DIR/qwen2-0.5b-eager"
+step compiled 170 1 "$PY" bench.py "${QWEN_ARGS[@]}" --repeats 1 --methods hf_greedy,hf_compiled_greedy \
+  --out "$OUT_DIR/qwen2-0.5b-compiled"
+step embedded 100 1 "$PY" bench.py --device "$DEVICE" --dtype "$DTYPE" --num-prompts 3 --max-new-tokens "$TOKENS" \
+  --repeats "$REPEATS" --methods hf_greedy,hf_sample,plain_greedy,auto_greedy,hybrid_greedy,hybrid_sample \
+  --out "$OUT_DIR/embedded"
+echo "total: ${SECONDS}s"

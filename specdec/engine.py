@@ -130,6 +130,7 @@ class Engine:
             "context": self.target.max_length,  # None: no limit known
             "heads": self.heads.config.num_heads if self.heads is not None else 0,
             "trees": {name: self.resolve_tree(name).num_nodes for name in names},  # static presets: nodes, root included
+            "cuda_graphs": None if self.target.graphs is None else self.target.graphs.info(),
             "prefix_cache": None if cache is None else {  # its budget, and how full and useful it is now
                 "max_bytes": cache.max_bytes, "bytes": cache.bytes, "hit_ratio": cache.hit_ratio},
         }

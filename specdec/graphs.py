@@ -163,6 +163,15 @@ class Graphs:
         self._heads: dict[tuple[int, int], tuple[object, torch.Tensor, Callable] | None] = {}  # (id(heads), k)
         self.failures: dict[str, str] = {}  # what fell back to eager, and why
 
+    def info(self) -> dict:
+        """Plain values: how it captures, what it has captured, and what fell back to eager (and why)."""
+        with self._lock:
+            return {"mode": self.mode,
+                    "forwards": sorted(f"{b} tokens / {c} slots" for (c, b), g in self._forwards.items()
+                                       if g is not None and g.replay is not None),
+                    "heads": sorted(k for (_, k), entry in self._heads.items() if entry is not None),
+                    "failures": dict(self.failures)}
+
     def capture(self, fn: Callable[[], torch.Tensor], state: object | None = None):
         return CudaReplay(fn, self.pool) if self.mode == "cuda" else RecordedReplay(fn, state)
 

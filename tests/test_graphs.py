@@ -235,3 +235,12 @@ def test_cuda_graphs_greedy_equals_hf_generate_fp32():
                                                                 params=SamplingParams())))
             assert got == ref, (arch, tree)
         assert not loaded.engine.target.graphs.failures
+
+
+def test_info_names_what_was_captured_and_what_fell_back(llama):
+    loaded = graphed(llama)
+    list(loaded.engine.stream(GenerationRequest(PROMPTS[0], 12, tree="default")))
+    info = loaded.engine.info()["cuda_graphs"]
+    assert info["mode"] == "recorded" and info["failures"] == {}
+    assert "64 tokens / 256 slots" in info["forwards"] and info["heads"] == [4]
+    assert specdec.load(llama, heads=None, device="cpu").engine.info()["cuda_graphs"] is None
