@@ -143,7 +143,7 @@ class Handlers(RoundViews, SamplerView, RaceView):
             with self._streaming_lock:
                 self.streaming += 1
             tree_due, charts_due = Throttle(self.figure_interval, share), Throttle(self.chart_interval, share)
-            text_due = Throttle(self.text_interval, share)
+            text_due = Throttle(self.text_interval, share, first=True)  # the first token goes out at once
             text_html, prev, ev = prompt_html(prompt), None, None
             try:
                 while True:

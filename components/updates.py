@@ -9,18 +9,21 @@ import gradio as gr
 
 
 class Throttle:
-    """True at most once per `interval` x `scale()` seconds (the first call is True when `scale()` is 1).
+    """True at most once per `interval` x `scale()` seconds.
 
     `scale` shares the server's update budget among concurrent runs: with n runs streaming at once,
     each updates n times less often, so the server renders about as much as for one run. Without it
     the rendering (Plotly figures are pure Python, under the GIL) grows with every run the scheduler
     adds to a batch, and eats the time batching saves.
+
+    The first call is True when `scale()` is 1, or always with `first=True`: the first token is
+    worth its update at any load (time to first token), a figure is not.
     """
 
-    def __init__(self, interval: float, scale: Callable[[], float] | None = None) -> None:
+    def __init__(self, interval: float, scale: Callable[[], float] | None = None, first: bool = False) -> None:
         self.interval = interval
         self.scale = scale or (lambda: 1.0)
-        self.last = float("-inf") if self.scale() <= 1 else time.monotonic()
+        self.last = float("-inf") if first or self.scale() <= 1 else time.monotonic()
 
     def __call__(self, force: bool = False) -> bool:
         now = time.monotonic()
