@@ -10,6 +10,8 @@
     python loadtest.py --url http://127.0.0.1:7861/ --json ref.json
     python loadtest.py --url http://127.0.0.1:7862/ --reference ref.json   # others identical to ref.json?
 
+    python loadtest.py --engine --max-new-tokens 64   # no app: the same requests, batch 1 vs 8 in-process
+
 N concurrent clients each send up to --requests generations (bounded in
 total time by --duration). For each request we record time to first
 token (first streamed update carrying a token), time per output token
@@ -148,6 +150,56 @@ def run(args) -> dict:
     return report
 
 
+def workload(args) -> list[tuple[str, int]]:
+    """The (prompt, seed) pairs the clients send, in each client's order (client c draws from seed + c)."""
+    out = []
+    for cid in range(args.clients):
+        rng = random.Random(args.seed + cid)
+        for _ in range(args.requests):
+            out.append((rng.choice(PROMPTS), rng.randrange(10**6)))
+    return out
+
+
+def engine_run(args) -> dict:
+    """The load test's requests through the engine's scheduler in this process, without the app.
+
+    Batch 1 and `--max-batch-size` alternate for `--repeats` passes over one loaded model (one
+    cost model for both); each pass submits every request at once, as the clients do. Returns the
+    median tokens/s of each size, their ratio, and whether every output matched between sizes.
+    """
+    import statistics
+
+    import specdec
+    from specdec.api import encode
+    from specdec.lookup import DEFAULT_LOOKUP
+    from specdec.scheduler import Scheduler
+
+    loaded = specdec.load()
+    work = workload(args)
+    requests = [specdec.GenerationRequest(encode(loaded, prompt), args.max_new_tokens,
+                                          specdec.SamplingParams(temperature=args.temperature, seed=seed),
+                                          args.tree or "auto", True, "lossless", lookup=DEFAULT_LOOKUP)
+                for prompt, seed in work]
+    sizes = (1, args.max_batch_size)
+    rates: dict[int, list[float]] = {b: [] for b in sizes}
+    outputs: dict[int, list] = {}
+    for rep in range(args.repeats + 1):  # pass 0 warms up (the cost model is measured on first use)
+        for b in sizes:
+            with Scheduler(loaded.engine, max_batch_size=b) as sched:
+                t0 = time.perf_counter()
+                tickets = [sched.submit(r) for r in requests]
+                events = [t.result() for t in tickets]
+                seconds = time.perf_counter() - t0
+            tokens = [[tok.token_id for ev in evs for tok in ev.emitted] for evs in events]
+            assert outputs.setdefault(b, tokens) == tokens, "a size's output changed between passes"
+            if rep:
+                rates[b].append(sum(map(len, tokens)) / seconds)
+    med = {b: statistics.median(r) for b, r in rates.items()}
+    return {"requests": len(requests), "max_new_tokens": args.max_new_tokens, "passes": args.repeats,
+            "tokens_per_second": {str(b): rates[b] for b in sizes}, "median": {str(b): med[b] for b in sizes},
+            "ratio": med[sizes[1]] / med[1], "identical": outputs[1] == outputs[sizes[1]]}
+
+
 def compare_with(results: list[Result], reference: dict, args) -> dict:
     """How many completed requests produced exactly the reference run's text for the same request.
 
@@ -204,14 +256,27 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="an earlier run's --json: compare each completed request's text with it")
     ap.add_argument("--allow-failures", action="store_true",
                     help="exit 0 even when requests failed (a chaos run against `app.py --chaos`)")
+    ap.add_argument("--engine", action="store_true",
+                    help="no app: the same requests through the scheduler in this process, batch 1 against "
+                         "--max-batch-size, alternately for --repeats passes")
+    ap.add_argument("--max-batch-size", type=int, default=8, help="with --engine: the batched size")
+    ap.add_argument("--repeats", type=int, default=5, help="with --engine: timed passes per size")
     args = ap.parse_args(argv)
     if args.clients < 1 or args.requests < 1:
         ap.error("--clients and --requests must be >= 1")
+    if args.max_batch_size < 1 or args.repeats < 1:
+        ap.error("--max-batch-size and --repeats must be >= 1")
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.engine:
+        rep = engine_run(args)
+        print(json.dumps(rep, indent=1))
+        if args.json:
+            Path(args.json).write_text(json.dumps(rep, indent=2))
+        return 0 if rep["identical"] else 1
     rep = run(args)
     print(markdown(rep))
     if args.json:

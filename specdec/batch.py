@@ -7,7 +7,9 @@ decoder) and goes through the engine's own steps; only the forward is shared:
   2. forward: one target forward over every request's tree, padded to the largest, each request in
      its own row of a `kv_cache.BatchCache`, at its own length, positions and mask rows;
   3. verify, commit, learn, event: each request on its own rows, by its own rule, params and
-     generator, committing its accepted path in its own row.
+     generator, committing its accepted path in its own row. Greedy requests are verified together
+     (`verify_greedy_batch`: one vocabulary product over all their rows, one argmax, one gather),
+     exactly as each would be alone.
 
 Faults stay with their request. An exception in one request's step (its params callable, its
 draft, a callback), a non-finite row in its part of the forward, or a forward that fails for it
@@ -29,10 +31,12 @@ from typing import Callable
 import torch
 
 from . import kv_cache
-from .engine import Engine
+from .draft_tree import Tree
+from .engine import _BATCHED_VERIFY_MAX_CPU, Engine
 from .run_state import Draft, RunState
 from .sampler import SamplingParams
 from .stopwatch import Stopwatch
+from .verifier import Verdict
 
 # fault_hook(request id, round index, step) is called before each step of each request; whatever it
 # raises is handled as that step's own failure (tests use it to simulate faults).
@@ -189,14 +193,37 @@ class Batch:
         t0 = time.perf_counter()
         hidden = self._forward(members, drafts, outcome)
         forward_ms = (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        verdicts = self._verify_greedy(drafts, params, hidden)
+        shared_ms = (time.perf_counter() - t0) * 1e3 / max(len(verdicts), 1)
         for i, m in enumerate(members):
             if i in outcome:
                 continue
             clock = clocks[i]
             clock.ms["forward"] = forward_ms
-            clock.last = time.perf_counter()
-            outcome[i] = self._finish(m, drafts[i], hidden[i], params[i], clock, size=b)
+            clock.last = time.perf_counter() - shared_ms / 1e3 * (i in verdicts)  # its share of the joint verify
+            outcome[i] = self._finish(m, drafts[i], hidden[i], params[i], clock, size=b, verdict=verdicts.get(i))
         return [(m, outcome[i]) for i, m in enumerate(members)]
+
+    def _verify_greedy(self, drafts: dict[int, Draft], params: dict[int, SamplingParams],
+                       hidden: dict[int, torch.Tensor]) -> dict[int, Verdict]:
+        """Step 3 for the greedy members, together: the verdicts `Engine._verify` would give each alone.
+
+        A member joins when its params are greedy and its tree is one the engine verifies from all
+        its rows at once (on a CPU, at most _BATCHED_VERIFY_MAX_CPU nodes; bigger trees compute rows
+        on demand there). If the joint pass fails, each member verifies alone in `_finish`.
+        """
+        live = [i for i in hidden if params[i].greedy and (drafts[i].tree.num_nodes <= _BATCHED_VERIFY_MAX_CPU
+                                                           or hidden[i].device.type != "cpu")]
+        if len(live) < 2:
+            return {}
+        try:
+            with torch.inference_mode():
+                logits = self.engine.target.logits(torch.cat([hidden[i] for i in live]))  # [sum N_i, V]
+                out = verify_greedy_batch([(drafts[i].tokens, drafts[i].tree) for i in live], logits)
+        except Exception:  # noqa: BLE001 (each member then verifies alone, where a fault stays its own)
+            return {}
+        return dict(zip(live, out))
 
     def _forward(self, members: list[Member], drafts: dict[int, Draft], outcome: dict) -> dict[int, torch.Tensor]:
         """Step 2 for the whole batch -> each live member's hidden rows [N_i, H]; failures go to `outcome`."""
@@ -250,16 +277,18 @@ class Batch:
         return out
 
     def _finish(self, m: Member, draft: Draft | None, hidden: torch.Tensor, params: SamplingParams,
-                clock: Stopwatch, size: int) -> "Outcome":
+                clock: Stopwatch, size: int, verdict: Verdict | None = None) -> "Outcome":
         """Steps 3-4 and the event for one request (round 0 included); callbacks see the event first.
 
+        `verdict`: this request's verdict when the batch already verified it (greedy members).
         A failing callback still leaves the round's event with its request: its tokens were decoded.
         """
         eng, run = self.engine, m.run
         step, ev = "verify", None
         try:
             self._hook(m, "verify")
-            verdict = eng._verify(run, draft, hidden, params)
+            if verdict is None:
+                verdict = eng._verify(run, draft, hidden, params)
             clock.lap("verify")
             step = "commit"
             self._hook(m, "commit")
@@ -283,6 +312,52 @@ class Batch:
     def _hook(self, m: Member, step: str) -> None:
         if self.fault_hook is not None:
             self.fault_hook(m.rid, m.index, step)
+
+
+def verify_greedy_batch(trees: list[tuple[list[int], Tree]], logits: torch.Tensor) -> list[Verdict]:
+    """`verifier.verify_greedy` for several requests at once: one argmax, one gather, two host syncs in all.
+
+    Each request's verdict is the one `verify_greedy(tokens, tree, its logits rows)` gives: the same
+    argmax per row, the same walk, the same log-softmax per accepted row.
+
+    Args:
+        trees: each request's (N_i token ids, tree); tokens[0] is its root.
+        logits: [sum N_i, V] target logits, the requests' rows one after another in `trees` order.
+    """
+    assert logits.shape[0] == sum(tree.num_nodes for _, tree in trees)
+    best = logits.argmax(dim=-1).tolist()  # [sum N_i]
+    walks, lse_rows, rows, cols, lse_at = [], [], [], [], []
+    off = 0
+    for tokens, tree in trees:
+        accepted, rejected, node = [0], [], 0
+        while True:  # from the root, the child whose token is the target's argmax
+            kids = tree.children[node]
+            chosen = next((c for c in kids if tokens[c] == best[off + node]), None)
+            rejected.extend(c for c in kids if c != chosen)
+            if chosen is None:
+                break
+            accepted.append(chosen)
+            node = chosen
+        # p(token | parent) for every child of a visited node, then p(next token): gathered below.
+        kids = [c for v in accepted for c in tree.children[v]]
+        where = {v: len(lse_rows) + k for k, v in enumerate(accepted)}
+        lse_rows += [off + v for v in accepted]
+        parents = [tree.parent[c] for c in kids] + [node]
+        rows += [off + r for r in parents]
+        cols += [tokens[c] for c in kids] + [best[off + node]]
+        lse_at += [where[r] for r in parents]
+        walks.append((accepted, rejected, best[off + node], bool(tree.children[node]), kids))
+        off += tree.num_nodes
+    dev = logits.device
+    lse = torch.logsumexp(logits[torch.tensor(lse_rows, device=dev)].float(), dim=-1)  # [sum A_i]
+    picked = logits[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)].float()  # [R]
+    probs = (picked - lse[torch.tensor(lse_at, device=dev)]).exp().tolist()
+    out, at = [], 0
+    for accepted, rejected, next_token, inner, kids in walks:
+        mine, at = probs[at : at + len(kids) + 1], at + len(kids) + 1
+        out.append(Verdict(tuple(accepted), next_token, "correction" if inner else "bonus", mine[-1],
+                           dict(zip(kids, mine)), tuple(rejected)))
+    return out
 
 
 def chaos(fraction: float, at_round: int = 3) -> FaultHook:
