@@ -1,6 +1,7 @@
 """The benchmark loop: every method on every prompt, interleaved, then one row per method."""
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -59,6 +60,8 @@ def benchmark(cfg: BenchConfig, loaded: specdec.Loaded | None = None, oracle: Or
 
     log(f"bench: {len(methods)} methods x {len(prompts)} prompts x {cfg.repeats} repeats, "
         f"{N} new tokens, {loaded.name} on {cfg.device}/{loaded.model.dtype}, threads={torch.get_num_threads()}")
+    if loaded.device.type == "cuda":  # a silent eager fallback would make every figure below an eager one
+        log(f"  cuda graphs: {json.dumps(loaded.engine.info()['cuda_graphs'])}")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     if loaded.device.type == "cpu" and load > 0.5:
         log(f"  note: load average {load:.1f} before the run: other work shares this CPU, so timings are noisy"

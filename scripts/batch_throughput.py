@@ -21,6 +21,8 @@ import torch  # noqa: E402
 import specdec  # noqa: E402
 from bench.config import DEFAULT_PROMPTS, BenchConfig  # noqa: E402
 from bench.models import load_target  # noqa: E402
+from specdec.api import DEFAULT_MODEL  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
 
 MODES = {"plain": dict(speculative=False), "default": dict()}  # default: dynamic tree (if heads) + prompt lookup
 
@@ -41,13 +43,15 @@ def main() -> int:
     heads = a.heads or ("none" if (a.model or "").startswith("random:") else None)
     base, _ = load_target(BenchConfig(model=a.model, heads=heads, device=a.device, dtype=a.dtype))
     texts = [DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)] + "\n" * (i // len(DEFAULT_PROMPTS)) for i in range(a.prompts)]
-    tok = base.tokenizer
-    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    # A random model with another vocabulary has no tokenizer: encode with the embedded one, as bench.py does.
+    tok = base.tokenizer or AutoTokenizer.from_pretrained(str(DEFAULT_MODEL))
+    vocab = base.engine.target.vocab_size
+    ids = [[i for i in tok(t, add_special_tokens=False)["input_ids"] if i < vocab] for t in texts]
     sizes = [int(s) for s in a.sizes.split(",")]
     rows, reference, ok = [], {}, True
     for mode in a.modes.split(","):
         for size in sizes:
-            loaded = specdec.load(base.model, base.heads, a.device, base.engine.target.dtype, tokenizer=tok,
+            loaded = specdec.load(base.model, base.heads, a.device, base.engine.target.dtype, tokenizer=base.tokenizer,
                                   max_batch_size=size)
             times, outs = [], None
             for rep in range(a.repeats + 1):  # the first pass warms up (and captures graphs)

@@ -19,6 +19,8 @@
 # Dry run on a CPU:       DEVICE=cpu DTYPE=float32 QWEN=random:tiny PROMPTS=2 TOKENS=16 REPEATS=1 BATCH_PROMPTS=4 bash scripts/bench_gpu.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# No registry and no hub there; and unbuffered, so that a step killed by its timeout keeps its last lines.
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 
 DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bfloat16}

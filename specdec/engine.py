@@ -161,10 +161,14 @@ class Engine:
 
     def _loop(self, plan: Plan, callbacks: list[RoundCallback], should_stop) -> Iterator[RoundEvent]:
         run = self._open(plan)
+        failed = False
         try:
             yield from self._rounds(run, callbacks, should_stop)
-        finally:  # finished, stopped, or the consumer let go: a pooled KV buffer goes back
-            self.target.release(run.cache)
+        except Exception:  # not GeneratorExit: a consumer letting go early is no failure
+            failed = True
+            raise
+        finally:  # finished, stopped, let go or failed: a pooled KV buffer goes back
+            self.target.release(run.cache, failed)
 
     def _rounds(self, run: "RunState", callbacks: list[RoundCallback], should_stop) -> Iterator[RoundEvent]:
         plan, index = run.plan, 0
@@ -205,11 +209,7 @@ class Engine:
         cache, hit = None, 0
         if self.prefix_cache is not None:
             cache, hit = self.prefix_cache.lookup(target.model, plan.ids, kv_cache.bucket(slots) if slots else None)
-        fresh, pooled = target.new_cache(slots) if cache is None or target.graphs is not None else (None, False)
-        if pooled and cache is not None:  # the captured forwards write their own buffer: the prefix goes there
-            kv_cache.copy_prefix(cache, fresh, hit)
-        if cache is None or pooled:
-            cache, hit = fresh, hit if pooled and cache is not None else 0
+        cache, hit = target.new_cache(slots, cache, hit)
         ngram = NgramIndex(plan.ids, req.lookup_ngram) if plan.tree is not None and req.lookup else None
         return RunState(plan, cache, hit, seed, torch.Generator(device=target.device).manual_seed(seed),
                     IncrementalDecoder(self.tokenizer), ngram, limit=target.max_length or 1 << 62, policy=policy)

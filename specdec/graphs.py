@@ -41,22 +41,54 @@ def token_bucket(n: int) -> int | None:
 
 
 class CudaReplay:
-    """fn captured as one torch.cuda.CUDAGraph (after warm-up on a side stream); calling it replays."""
+    """fn captured as one torch.cuda.CUDAGraph (after warm-up on a side stream); calling it replays.
 
-    def __init__(self, fn: Callable[[], torch.Tensor], pool, warmup: int = 2) -> None:
+    Each graph has its own memory pool: a failed capture then cannot leave a shared pool marked as
+    recording, which would make every later capture fail too.
+    """
+
+    def __init__(self, fn: Callable[[], torch.Tensor], warmup: int = 2) -> None:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # cuBLAS and allocator set-up happen outside the capture
-            for _ in range(warmup):
-                fn()
+        mode = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("error")  # a host sync in fn raises here, before any capture begins
+        try:
+            with torch.cuda.stream(side):  # cuBLAS and allocator set-up happen outside the capture
+                for _ in range(warmup):
+                    fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(mode)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        # "thread_local": another thread's CUDA work during the capture does not invalidate it.
+        capture = torch.cuda.graph(self.graph, capture_error_mode="thread_local")
+        capture.__enter__()
+        done = False
+        try:
             self.out = fn()
+            capture.__exit__(None, None, None)
+            done = True
+        finally:
+            if not done:
+                _abandon(capture, self.graph)
 
     def __call__(self) -> torch.Tensor:
         self.graph.replay()
         return self.out
+
+
+def _abandon(capture, graph) -> None:
+    """Close a capture that failed, so that the next one can begin.
+
+    torch's own exit stops at the first error: after an invalidated capture, `capture_end` raises
+    before the stream is restored and before the allocator stops routing to the graph's pool.
+    """
+    for step in (graph.capture_end, lambda: capture.stream_ctx.__exit__(None, None, None),
+                 lambda: torch._C._cuda_endAllocateToPool(torch.cuda.current_device(), graph.pool())):
+        try:
+            step()
+        except (RuntimeError, AttributeError):
+            pass  # already done, or not begun
 
 
 class RecordedReplay:
@@ -155,8 +187,7 @@ class Graphs:
             raise ValueError(f"CUDA graphs need a CUDA device, but the model is on {target.device}")
         self.target = target
         self.mode = capture
-        self.pool = torch.cuda.graph_pool_handle() if capture == "cuda" else None
-        self._lock = threading.RLock()  # one replay at a time: graphs share the pool's scratch memory
+        self._lock = threading.RLock()  # one replay at a time: each graph has one set of static inputs
         self._cores: dict[int, kv_cache.SlotCache] = {}  # capacity -> the pooled buffer
         self._lent: dict[int, weakref.ref] = {}  # capacity -> the request's cache over it
         self._forwards: dict[tuple[int, int], _Forward | None] = {}  # (capacity, bucket); None: runs eagerly
@@ -173,7 +204,7 @@ class Graphs:
                     "failures": dict(self.failures)}
 
     def capture(self, fn: Callable[[], torch.Tensor], state: object | None = None):
-        return CudaReplay(fn, self.pool) if self.mode == "cuda" else RecordedReplay(fn, state)
+        return CudaReplay(fn) if self.mode == "cuda" else RecordedReplay(fn, state)
 
     # -- the pooled KV buffers ---------------------------------------------------------
     def capacity(self, slots: int) -> int:
@@ -191,16 +222,39 @@ class Graphs:
             core = self._cores.get(C)
             if core is None:
                 core = self._cores[C] = self._allocate(C)
+                self._capture_all(C)
             lent = core.sharing()
             self._lent[C] = weakref.ref(lent)
             return lent
 
-    def release(self, cache) -> None:
-        """The request is done with its pooled cache (a cache that is not pooled is ignored)."""
+    def _capture_all(self, capacity: int) -> None:
+        """Capture every bucket of a new buffer now, while it is empty: a capture's warm-up runs write
+        slots [0, bucket), which would overwrite committed tokens later, and a capture inside a
+        request's round would count against its time."""
+        core, dev = self._cores[capacity], self.target.device
+        for Tb in TOKEN_BUCKETS:
+            if Tb > capacity:
+                break
+            graph = self._forwards[(capacity, Tb)] = _Forward(self, core, Tb)
+            if self._try(f"forward of {Tb} tokens over {capacity} slots",
+                         lambda: graph(torch.zeros(Tb, dtype=torch.long), 0, None, None)) is None:
+                self._forwards[(capacity, Tb)] = None
+
+    @torch.inference_mode()
+    def release(self, cache, failed: bool = False) -> None:
+        """The request is done with its pooled cache (a cache that is not pooled is ignored).
+
+        failed: the request ended in an error, so its slots may hold NaN or inf; they are zeroed,
+        since a masked score is still NaN (NaN + min) and would spread to the next request.
+        """
         with self._lock:
             for C, ref in list(self._lent.items()):
                 if ref() is cache:
                     del self._lent[C]
+                    if failed:
+                        for layer in self._cores[C].layers:
+                            layer.keys.zero_()
+                            layer.values.zero_()
 
     def _allocate(self, capacity: int) -> kv_cache.SlotCache:
         """A pooled buffer, its tensors made by one throwaway token (the layers size themselves from it)."""
@@ -216,6 +270,10 @@ class Graphs:
                          past_key_values=core, use_cache=True)
         core.write_index = None
         return core
+
+    def owns(self, cache) -> bool:
+        """Is `cache` a pooled buffer lent out now (its rounds replay graphs)?"""
+        return self._capacity_of(cache) is not None
 
     def _capacity_of(self, cache) -> int | None:
         ref = self._lent.get(getattr(cache, "capacity", -1))
@@ -287,5 +345,8 @@ class Graphs:
             self.failures[what] = why
             log.warning("CUDA graph capture of the %s failed (%s); running it eagerly", what, why)
             if self.mode == "cuda":
-                torch.cuda.synchronize()
+                try:
+                    torch.cuda.synchronize()
+                except RuntimeError:
+                    pass
             return None

@@ -75,21 +75,27 @@ class TargetModel:
         self.graphs = Graphs(self, capture)
         return True
 
-    def new_cache(self, slots: int | None) -> tuple[object, bool]:
-        """A request's empty KV buffer for `slots` (None: HF's growing cache) -> (cache, pooled).
+    def new_cache(self, slots: int | None, prefix=None, hit: int = 0) -> tuple[object, int]:
+        """A request's KV buffer for `slots` (None: HF's growing cache) -> (cache, committed entries).
 
-        Pooled: the captured forwards' own buffer, lent to this request (release it when done).
+        prefix: a prefix-cache hit holding `hit` committed entries, used as it is or copied over. With
+        CUDA graphs the buffer is their pooled one, lent to this request until `release`.
         """
         if slots is not None and self.graphs is not None:
             lent = self.graphs.cache(slots)
             if lent is not None:
-                return lent, True
-        return kv_cache.new_cache(self.model, None if slots is None else kv_cache.bucket(slots)), False
+                if prefix is None:
+                    return lent, 0
+                kv_cache.copy_prefix(prefix, lent, hit)  # the captured forwards write their own buffer
+                return lent, hit
+        if prefix is not None:
+            return prefix, hit
+        return kv_cache.new_cache(self.model, None if slots is None else kv_cache.bucket(slots)), 0
 
-    def release(self, cache) -> None:
-        """A request is done with its cache: a pooled one goes back to the pool."""
+    def release(self, cache, failed: bool = False) -> None:
+        """A request is done with its cache: a pooled one goes back to the pool (zeroed if it `failed`)."""
         if self.graphs is not None:
-            self.graphs.release(cache)
+            self.graphs.release(cache, failed)
 
     def _window_mode(self) -> str | None:
         """How a tree's mask reaches sliding-window layers.
@@ -140,7 +146,7 @@ class TargetModel:
             cache = kv_cache.new_cache(self.model, capacity=8)
             self.forward(ids[:3], cache)
             got = self.forward(ids[3:], cache)[-1]
-            ok = bool((got - want).float().norm() <= 1e-2 * want.float().norm() + 1e-5)
+            ok = self._agrees(got, want, ids[3:])
         except (RuntimeError, ValueError, TypeError, AttributeError, IndexError, AssertionError) as e:
             ok, why = False, f"{type(e).__name__}: {e}"
         else:
@@ -149,6 +155,22 @@ class TargetModel:
             log.warning("%s cannot use specdec's position-addressed KV buffer (%s); using HF's DynamicCache",
                         type(self.model).__name__, why)
         return ok
+
+    def _agrees(self, got: torch.Tensor, want: torch.Tensor, token: torch.Tensor) -> bool:
+        """Is a probe's hidden state [H] the reference's, up to this dtype's rounding?
+
+        In fp32 the two agree to 1e-2 of the norm (in fact to ~1e-6). In bf16/fp16 a different attention
+        kernel alone moves a deep model's last hidden state by several percent, so there the answer must
+        be within 15% and at least four times nearer than a plainly wrong one: the same token without its
+        context, which is what a model that ignored the buffer would compute.
+        """
+        err, norm = (got - want).float().norm(), want.float().norm()
+        if err <= 1e-2 * norm + 1e-5:
+            return True
+        if self.dtype == torch.float32:
+            return False
+        wrong = self.base(input_ids=token[None].to(self.device), use_cache=False).last_hidden_state[0, -1]
+        return bool(err <= 0.15 * norm and err <= 0.25 * (wrong - want).float().norm())
 
     @torch.inference_mode()
     def rows_work(self) -> tuple[bool, str]:
@@ -173,7 +195,8 @@ class TargetModel:
                               use_cache=False)]
             pairs = [(got[0, 0], want[0].last_hidden_state[0, 4]), (got[1, 1], want[1].last_hidden_state[0, 3]),
                      (got[1, 2], want[1].last_hidden_state[1, 3])]
-            ok = all(bool((g - w).float().norm() <= 1e-2 * w.float().norm() + 1e-5) for g, w in pairs)
+            lone = [torch.tensor([ids[4]]), torch.tensor([ids[3]]), torch.tensor([ids[4]])]  # each query's token
+            ok = all(self._agrees(g, w, t) for (g, w), t in zip(pairs, lone))
         except (RuntimeError, ValueError, TypeError, AttributeError, IndexError, AssertionError, KeyError) as e:
             return False, f"{type(e).__name__}: {e}"
         return ok, "" if ok else "its batched hidden states differ from cache-free forwards"
