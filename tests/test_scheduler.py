@@ -233,9 +233,10 @@ def test_a_client_that_stops_reading_frees_its_slot_within_a_round(loaded, refs)
         for _ in range(2):
             next(stream)
         stream.close()  # the client went away (a closed tab: Gradio closes the generator)
+        made = len(long.events)  # the scheduler runs ahead of its reader: rounds made before it left
         assert tokens(waiting) == refs[1]  # the one slot came free
         assert long.done.is_set() and long.failure is None
-        assert len(long.events) <= 2 + 1  # at most the round already running when it left
+        assert len(long.events) <= made + 1  # at most the round already running when it left
         assert s.stats()["decoding"] == 0
 
 
