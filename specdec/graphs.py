@@ -12,7 +12,8 @@ bf16, a Qwen2-0.5B-shaped forward takes 16–22 ms eagerly whether it carries 1 
   and every layer writes its keys and values through a device index (`SlotCache.write_index`);
 - a (capacity, bucket) pair is captured the first time it is used, after two warm-up runs.
 When capture fails (an op that syncs with the host, say), that pair runs eagerly from then on and
-one log line says why; nothing crashes and nothing changes the output.
+one log line says why; nothing crashes and nothing changes the output. How a forward is captured
+(static inputs, the mask built in the graph) is `specdec.captured`.
 
 On a CPU there is nothing to capture, but the same code runs under `RecordedReplay`, which
 replays by re-running the captured function with the Python state it saw at capture time: a value
@@ -29,10 +30,13 @@ from typing import Callable
 import torch
 
 from . import kv_cache
+from .captured import CudaReplay, Forward, RecordedReplay
 
 log = logging.getLogger(__name__)
 TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # a round of N nodes replays the graph of the next bucket
 CAPACITY_STEP = 256  # pooled buffers come in multiples of this many slots
+# What a forward's Python reads from its cache, frozen at capture by the CPU stand-in.
+_STATE = {kv_cache.SlotCache: ("length", "write_index"), kv_cache.BatchCache: ("lo", "starts", "width", "write_index")}
 
 
 def token_bucket(n: int) -> int | None:
@@ -40,138 +44,12 @@ def token_bucket(n: int) -> int | None:
     return next((b for b in TOKEN_BUCKETS if b >= n), None)
 
 
-class CudaReplay:
-    """fn captured as one torch.cuda.CUDAGraph (after warm-up on a side stream); calling it replays.
-
-    Each graph has its own memory pool: a failed capture then cannot leave a shared pool marked as
-    recording, which would make every later capture fail too.
-    """
-
-    def __init__(self, fn: Callable[[], torch.Tensor], warmup: int = 2) -> None:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        mode = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode("error")  # a host sync in fn raises here, before any capture begins
-        try:
-            with torch.cuda.stream(side):  # cuBLAS and allocator set-up happen outside the capture
-                for _ in range(warmup):
-                    fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(mode)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        # "thread_local": another thread's CUDA work during the capture does not invalidate it.
-        capture = torch.cuda.graph(self.graph, capture_error_mode="thread_local")
-        capture.__enter__()
-        done = False
-        try:
-            self.out = fn()
-            capture.__exit__(None, None, None)
-            done = True
-        finally:
-            if not done:
-                _abandon(capture, self.graph)
-
-    def __call__(self) -> torch.Tensor:
-        self.graph.replay()
-        return self.out
-
-
-def _abandon(capture, graph) -> None:
-    """Close a capture that failed, so that the next one can begin.
-
-    torch's own exit stops at the first error: after an invalidated capture, `capture_end` raises
-    before the stream is restored and before the allocator stops routing to the graph's pool.
-    """
-    for step in (graph.capture_end, lambda: capture.stream_ctx.__exit__(None, None, None),
-                 lambda: torch._C._cuda_endAllocateToPool(torch.cuda.current_device(), graph.pool())):
-        try:
-            step()
-        except (RuntimeError, AttributeError):
-            pass  # already done, or not begun
-
-
-class RecordedReplay:
-    """The CPU stand-in for CudaReplay: re-runs fn with `state`'s Python attributes as they were at capture."""
-
-    def __init__(self, fn: Callable[[], torch.Tensor], state: object | None = None,
-                 attrs: tuple[str, ...] = ("length", "write_index")) -> None:
-        self.fn, self.state = fn, state
-        self.saved = {a: getattr(state, a) for a in attrs} if state is not None else {}
-        self.out = fn()
-
-    def __call__(self) -> torch.Tensor:
-        now = {a: getattr(self.state, a) for a in self.saved}
-        for a, v in self.saved.items():
-            setattr(self.state, a, v)
-        try:
-            self.out = self.fn()
-        finally:
-            for a, v in now.items():
-                setattr(self.state, a, v)
-        return self.out
-
-
-class _Forward:
-    """One captured target forward: Tb query tokens over a pooled buffer of `capacity` slots."""
-
-    def __init__(self, graphs: "Graphs", core: kv_cache.SlotCache, tokens: int) -> None:
-        target, dev = graphs.target, graphs.target.device
-        Tb, C = tokens, core.capacity
-        # Rows: ids, positions, write slots, then Tb rows of the ancestor mask (0/1). [3 + Tb, Tb]
-        self.stage = torch.zeros(3 + Tb, Tb, dtype=torch.long, pin_memory=dev.type == "cuda")
-        self.io = torch.zeros(3 + Tb, Tb, dtype=torch.long, device=dev)
-        # The copy from `stage` is asynchronous: the next round must not rewrite `stage` before it is done.
-        self.copied = torch.cuda.Event() if dev.type == "cuda" else None
-        self.tokens = Tb
-        key_slot = torch.arange(C, device=dev)  # [C]
-        neg = torch.finfo(target.dtype).min
-        zero = torch.zeros((), dtype=target.dtype, device=dev)
-
-        def forward() -> torch.Tensor:
-            ids, pos, slots = self.io[0], self.io[1], self.io[2]  # [Tb] each
-            seen = (key_slot < slots[:1]).expand(Tb, C).contiguous()  # [Tb, C] the committed slots
-            seen.scatter_(1, slots.expand(Tb, Tb), self.io[3:].bool())  # plus each query's ancestors
-            mask = torch.where(seen, zero, neg)[None, None]  # [1, 1, Tb, C]
-            core.write_index = slots
-            try:
-                out = target.base(input_ids=ids[None], position_ids=pos[None], attention_mask=mask,
-                                  past_key_values=core, use_cache=True)
-            finally:
-                core.write_index = None
-            return out.last_hidden_state[0]  # [Tb, H]
-
-        self.forward, self.core, self.capture = forward, core, graphs.capture
-        self.replay = None  # captured on the first call, once the inputs hold a real round: the warm-up
-        # runs write the buffer at the slots the inputs name, and zeros would overwrite committed slot 0
-
-    def __call__(self, ids: torch.Tensor, past: int, tree_mask: torch.Tensor | None,
-                 depth: torch.Tensor | None) -> torch.Tensor:
-        """ids [T] after `past` committed tokens; tree_mask [T, T] bool and depth [T] (None: a causal chain)."""
-        T, Tb, s = ids.shape[0], self.tokens, self.stage
-        if self.copied is not None:
-            self.copied.synchronize()  # the previous round's copy has long finished: the host synced since
-        s.zero_()
-        s[0, :T] = ids
-        s[0, T:] = ids[0]  # padding: any real token id
-        s[1, :] = past
-        if depth is not None:
-            s[1, :T] += depth
-        else:
-            s[1, :T] += torch.arange(T)
-        s[2] = torch.arange(past, past + Tb)
-        body = s[3:]  # [Tb, Tb]
-        if tree_mask is not None:
-            body[:T, :T] = tree_mask
-        else:
-            body[:T, :T] = torch.ones(T, T, dtype=torch.long).tril_()
-        body[T:, T:] = torch.eye(Tb - T, dtype=torch.long)  # a padding query sees only its own slot
-        self.io.copy_(s, non_blocking=True)
-        if self.copied is not None:
-            self.copied.record()
-        if self.replay is None:
-            self.replay = self.capture(self.forward, self.core)
-        return self.replay()[:T].clone()  # the static output is overwritten by the next replay
+def row_bucket(n: int, rows: int) -> int:
+    """Rows a batched round of n requests runs over in a buffer of `rows`: the next power of two, or all."""
+    b = 1
+    while b < n:
+        b *= 2
+    return min(b, rows)
 
 
 class Graphs:
@@ -190,7 +68,9 @@ class Graphs:
         self._lock = threading.RLock()  # one replay at a time: each graph has one set of static inputs
         self._cores: dict[int, kv_cache.SlotCache] = {}  # capacity -> the pooled buffer
         self._lent: dict[int, weakref.ref] = {}  # capacity -> the request's cache over it
-        self._forwards: dict[tuple[int, int], _Forward | None] = {}  # (capacity, bucket); None: runs eagerly
+        self._forwards: dict[tuple[int, int], Forward | None] = {}  # (capacity, bucket); None: runs eagerly
+        # A batch's buffer -> its forwards by (capacity, rows, bucket); a grown buffer has new tensors.
+        self._batched: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._heads: dict[tuple[int, int], tuple[object, torch.Tensor, Callable] | None] = {}  # (id(heads), k)
         self.failures: dict[str, str] = {}  # what fell back to eager, and why
 
@@ -200,11 +80,15 @@ class Graphs:
             return {"mode": self.mode,
                     "forwards": sorted(f"{b} tokens / {c} slots" for (c, b), g in self._forwards.items()
                                        if g is not None and g.replay is not None),
+                    "batched": sorted(f"{r} rows x {b} tokens / {c} slots" for graphs in self._batched.values()
+                                      for (c, r, b), g in graphs.items() if g is not None and g.replay is not None),
                     "heads": sorted(k for (_, k), entry in self._heads.items() if entry is not None),
                     "failures": dict(self.failures)}
 
     def capture(self, fn: Callable[[], torch.Tensor], state: object | None = None):
-        return CudaReplay(fn) if self.mode == "cuda" else RecordedReplay(fn, state)
+        if self.mode == "cuda":
+            return CudaReplay(fn)
+        return RecordedReplay(fn, state, _STATE[type(state)] if state is not None else ())
 
     # -- the pooled KV buffers ---------------------------------------------------------
     def capacity(self, slots: int) -> int:
@@ -235,9 +119,9 @@ class Graphs:
         for Tb in TOKEN_BUCKETS:
             if Tb > capacity:
                 break
-            graph = self._forwards[(capacity, Tb)] = _Forward(self, core, Tb)
+            graph = self._forwards[(capacity, Tb)] = Forward(self.target, core, 1, Tb, self.capture)
             if self._try(f"forward of {Tb} tokens over {capacity} slots",
-                         lambda: graph(torch.zeros(Tb, dtype=torch.long), 0, None, None)) is None:
+                         lambda: graph([(torch.zeros(Tb, dtype=torch.long), 0, None, None)])) is None:
                 self._forwards[(capacity, Tb)] = None
 
     @torch.inference_mode()
@@ -301,19 +185,56 @@ class Graphs:
         with self._lock:
             key = (C, Tb)
             if key not in self._forwards:
-                self._forwards[key] = _Forward(self, self._cores[C], Tb)
-            graph = self._forwards[key]
-            if graph is None:
-                return None
-            if graph.replay is None:  # the first call captures: it may fail, and then this key runs eagerly
-                hidden = self._try(f"forward of {Tb} tokens over {C} slots",
-                                   lambda: graph(ids, cache.length, tree_mask, depth))
-                if hidden is None:
-                    self._forwards[key] = None
-                    return None
-            else:
-                hidden = graph(ids, cache.length, tree_mask, depth)
+                self._forwards[key] = Forward(self.target, self._cores[C], 1, Tb, self.capture)
+            hidden = self._run(self._forwards, key, f"forward of {Tb} tokens over {C} slots",
+                               [(ids, cache.length, tree_mask, depth)])
+        if hidden is None:
+            return None
         kv_cache.advance(cache, T)
+        return hidden[0]
+
+    @torch.inference_mode()
+    def forward_rows(self, cache: kv_cache.BatchCache, lo: int, tokens: list[list[int]],
+                     trees: list) -> torch.Tensor | None:
+        """A batched round (`TargetModel.forward_rows`) through its (rows, bucket) graph -> [b, T, H]; None: eager.
+
+        Only rounds over the batch's leading rows (lo == 0) replay; a request retried alone in its
+        row, a tree beyond the largest bucket, a round past the buffer or in reach of a sliding
+        window runs eagerly.
+        """
+        b, T = len(tokens), max(len(t) for t in tokens)
+        Tb, starts = token_bucket(T), cache.lengths[:b]
+        if lo != 0 or Tb is None or max(starts) + Tb > cache.capacity or b > cache.rows:
+            return None
+        rows = []
+        for toks, tree, past in zip(tokens, trees, starts):
+            depth = tree[1] if tree is not None else None
+            rows.append((torch.tensor(toks), past, tree[0] if tree is not None else None, depth))
+        target = self.target
+        if target.window_mode in ("uniform", "mapping"):
+            reach = max(p + (int(d.max()) if d is not None else len(t) - 1) for t, p, _, d in rows)
+            if reach >= target.window:
+                return None
+        B, C = row_bucket(b, cache.rows), cache.capacity
+        with self._lock:
+            graphs = self._batched.setdefault(cache, {})
+            for stale in [k for k in graphs if k[0] != C]:  # the buffer grew: new tensors, new graphs
+                del graphs[stale]
+            key = (C, B, Tb)
+            if key not in graphs:
+                graphs[key] = Forward(target, cache, B, Tb, self.capture)
+            return self._run(graphs, key, f"batched forward of {B} rows x {Tb} tokens over {C} slots", rows)
+
+    def _run(self, graphs: dict, key, what: str, rows) -> torch.Tensor | None:
+        """Replay graphs[key] on these rows, capturing it first if it never ran (a failure: eager from now on)."""
+        graph = graphs[key]
+        if graph is None:
+            return None
+        if graph.replay is not None:
+            return graph(rows)
+        hidden = self._try(what, lambda: graph(rows))
+        if hidden is None:
+            graphs[key] = None
         return hidden
 
     @torch.inference_mode()

@@ -127,8 +127,7 @@ class SlotCache(Cache):
         # Attend over the whole buffer (shapes repeat: what CUDA graphs need), or only over the slots in
         # use (less attention work where every op runs eagerly, as on a CPU).
         self.fixed_shapes = fixed_shapes
-        # [T] long, on the device: where the next forward writes its T entries, instead of
-        # [length, length + T). Set only around a captured forward (`specdec.graphs`), over the whole buffer.
+        # [T] slots on the device for the next forward, not [length, length + T): set only around a captured one
         self.write_index: torch.Tensor | None = None
         super().__init__(layers=[_SlotLayer(self) for _ in range(num_layers)])
 
@@ -171,6 +170,11 @@ class _RowsLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         o = self.owner
         b, Hk, T, D = key_states.shape  # [b, Hk, T, D]
+        if o.write_index is not None:  # a captured forward over rows [0, b): slots given on the device
+            slots, keys, values = o.write_index, self.keys[:b], self.values[:b]
+            keys.scatter_(2, slots[:, None, :, None].expand(b, Hk, T, D), key_states)
+            values.scatter_(2, slots[:, None, :, None].expand(b, Hk, T, value_states.shape[-1]), value_states)
+            return keys, values
         slots = o.slots(T, key_states.device)  # [b, T]
         keys, values = self.keys[o.lo : o.lo + b], self.values[o.lo : o.lo + b]  # views of the rows in this forward
         keys.scatter_(2, slots[:, None, :, None].expand(b, Hk, T, D), key_states)
@@ -203,6 +207,7 @@ class BatchCache(Cache):
         self.fixed_shapes = fixed_shapes  # attend over the whole buffer (CUDA graphs), or the slots in use
         self.lo, self.starts, self.width = 0, [], 0  # the forward in progress: set by `begin`
         self._slots: torch.Tensor | None = None
+        self.write_index: torch.Tensor | None = None  # [b, T] slots on the device: set only around a captured forward
         super().__init__(layers=[_RowsLayer(self) for _ in range(num_layers)])
 
     def begin(self, lo: int, count: int, new_tokens: int) -> int:

@@ -245,6 +245,10 @@ class TargetModel:
             tokens: [b][N_i] each request's node tokens, root first.
             trees: per request, (ancestor mask [N_i, N_i] bool, depth [N_i]), or None for a causal chain.
         """
+        if self.graphs is not None:
+            hidden = self.graphs.forward_rows(cache, lo, tokens, trees)
+            if hidden is not None:
+                return hidden
         b, T = len(tokens), max(len(t) for t in tokens)
         width = cache.begin(lo, b, T)
         past = torch.tensor(cache.starts)  # [b]

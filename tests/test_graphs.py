@@ -13,7 +13,7 @@ import torch
 
 import specdec
 from conftest import ARCHS, PROMPTS, hf_greedy, make_model
-from specdec import GenerationRequest, graphs as graphs_mod, kv_cache
+from specdec import GenerationRequest, captured, graphs as graphs_mod, kv_cache
 from specdec.draft_tree import PRESETS, build_tree
 from specdec.prefix_cache import PrefixCache
 from specdec.sampler import SamplingParams
@@ -118,8 +118,8 @@ def test_a_round_past_the_buffer_runs_eagerly(llama, monkeypatch):
     target = graphed(llama, heads=None).engine.target
     cache, _ = target.new_cache(200)  # 256 slots, every bucket captured
     replays = []
-    call = graphs_mod._Forward.__call__
-    monkeypatch.setattr(graphs_mod._Forward, "__call__", lambda self, *a: replays.append(self.tokens) or call(self, *a))
+    call = captured.Forward.__call__
+    monkeypatch.setattr(captured.Forward, "__call__", lambda self, rows: replays.append(self.tokens) or call(self, rows))
     prompt = torch.randint(0, 128, (250,), generator=torch.Generator().manual_seed(1))
     target.forward(prompt, cache)  # 250 tokens: beyond every bucket, eager
     toks = torch.tensor([3, 4, 5, 6, 7])  # bucket 8 would need slots up to 258
@@ -264,3 +264,71 @@ def test_a_failed_request_leaves_a_zeroed_buffer(llama):
     assert all(float(l.keys.abs().sum()) == 0 and float(l.values.abs().sum()) == 0 for l in core.layers)
     assert tokens(engine.stream(GenerationRequest(PROMPTS[1], 30, tree="default"))) == hf_greedy(llama, PROMPTS[1], 30)
     assert float(core.layers[0].keys.abs().sum()) > 0  # a request that ends well leaves its slots alone
+
+
+# -- batched rounds (the scheduler's `forward_rows`) through graphs ------------------------------------
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batched_rounds_through_graphs_equal_hf_generate(arch, models):
+    """Requests joining and leaving a batch of up to 4 (rows bucketed to 1, 2, 4), trees and lookup mixed."""
+    model = models[arch]
+    loaded = graphed(model, max_batch_size=4)
+    prompts = [PROMPTS[i % 3] + [i] for i in range(6)]
+    lengths = [40, 12, 33, 25, 8, 40]
+    out = [None] * 6
+    with loaded.scheduler as s:
+        tickets = [s.submit(GenerationRequest(p, n, tree=("auto", "default", "chain")[i % 3], lookup=10 * (i % 2),
+                                              eos_token_id=None)) for i, (p, n) in enumerate(zip(prompts, lengths))]
+        for i, t in enumerate(tickets):
+            out[i] = tokens(t)
+        assert max(s.stats()["batch_sizes"]) == 4
+    for p, n, got in zip(prompts, lengths, out):
+        assert got == hf_greedy(model, p, n)
+    info = loaded.engine.info()["cuda_graphs"]
+    assert info["batched"] and not info["failures"]
+    assert any(x.startswith("4 rows") for x in info["batched"]) and any(x.startswith("2 rows") for x in info["batched"])
+
+
+def _graphed_load(monkeypatch):
+    """Make every specdec.load in the test run its forwards through (recorded) graphs."""
+    real = specdec.load
+
+    def load(*a, **k):
+        loaded = real(*a, **k)
+        assert loaded.engine.target.use_graphs("recorded")
+        return loaded
+
+    monkeypatch.setattr(specdec, "load", load)
+
+
+@pytest.mark.slow
+def test_batched_graphs_each_request_follows_its_own_law(monkeypatch):
+    """test_scheduler's mixed batch (three sampler settings side by side), every round through graphs."""
+    import test_scheduler as ts
+
+    _graphed_load(monkeypatch)
+    model = make_model("llama", vocab=ts.V, seed=3, init=0.2)
+    counts = ts.mixed_counts(model, ts.N_MIXED, seed0=60_000)
+    for k, p in ts.KINDS.items():
+        law = ts.joint_after_first(model, p)
+        assert counts[k][law == 0].sum() == 0, k
+        assert ts.chi2_pvalue(counts[k], law) > ts.PASS_P, k
+
+
+@pytest.mark.slow
+def test_batched_graphs_negative_control_queries_see_every_new_slot(monkeypatch):
+    """Planted bug in the staged inputs: every query sees every new slot (siblings, padding). It must fail."""
+    import test_scheduler as ts
+
+    _graphed_load(monkeypatch)
+    fill = captured.Forward.fill
+
+    def leaky(self, rows):
+        fill(self, rows)
+        if self.rows >= 4:  # not in the load-time probe of two rows, which would catch it and turn batching off
+            self.stage[:, 3:, :] = 1
+
+    monkeypatch.setattr(captured.Forward, "fill", leaky)
+    model = make_model("llama", vocab=ts.V, seed=3, init=0.2)
+    counts = ts.mixed_counts(model, ts.N_MIXED // 3, seed0=60_000)
+    assert ts.chi2_pvalue(counts["a"], ts.joint_after_first(model, ts.KINDS["a"])) < ts.FAIL_P

@@ -263,11 +263,11 @@ def test_engine_through_graphs_is_lossless(model, joint_after_first):
 @pytest.mark.slow
 def test_graphs_negative_control_tree_rows_as_a_chain(model, joint_after_first, monkeypatch):
     """Planted bug in the graph path: the tree's ancestor rows staged as a causal chain."""
-    from specdec import graphs as graphs_mod
+    from specdec import captured
 
-    staged = graphs_mod._Forward.__call__
-    monkeypatch.setattr(graphs_mod._Forward, "__call__",
-                        lambda self, ids, past, tree_mask, depth: staged(self, ids, past, None, depth))
+    staged = captured.Forward.__call__
+    monkeypatch.setattr(captured.Forward, "__call__",
+                        lambda self, rows: staged(self, [(ids, past, None, depth) for ids, past, _, depth in rows]))
     counts = engine_counts(model, "default", N_CONTROL, seed0=30_000, graphs=True)
     p = chi2_pvalue(counts, joint_after_first)
     print(f"\n[engine, graphs] chain-rows control p = {p:.4g}")

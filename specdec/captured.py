@@ -1,0 +1,158 @@
+"""Captured callables over static inputs: a CUDA graph, or its CPU stand-in, and the target forward.
+
+`specdec.graphs` decides what to capture and when; this module only knows how. A graph fixes every
+address and shape, so the forward here reads everything that changes from one round to the next
+from a static input buffer (ids, positions, write slots, each query's ancestors), builds its 4D mask
+from it inside the graph, and has the layers write their keys and values through a device index.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from . import kv_cache
+
+Row = tuple[torch.Tensor, int, "torch.Tensor | None", "torch.Tensor | None"]  # ids [T], past, tree mask [T, T], depth [T]
+
+
+class CudaReplay:
+    """fn captured as one torch.cuda.CUDAGraph (after warm-up on a side stream); calling it replays.
+
+    Each graph has its own memory pool: a failed capture then cannot leave a shared pool marked as
+    recording, which would make every later capture fail too.
+    """
+
+    def __init__(self, fn: Callable[[], torch.Tensor], warmup: int = 2) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        mode = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("error")  # a host sync in fn raises here, before any capture begins
+        try:
+            with torch.cuda.stream(side):  # cuBLAS and allocator set-up happen outside the capture
+                for _ in range(warmup):
+                    fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(mode)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        # "thread_local": another thread's CUDA work during the capture does not invalidate it.
+        capture = torch.cuda.graph(self.graph, capture_error_mode="thread_local")
+        capture.__enter__()
+        done = False
+        try:
+            self.out = fn()
+            capture.__exit__(None, None, None)
+            done = True
+        finally:
+            if not done:
+                _abandon(capture, self.graph)
+
+    def __call__(self) -> torch.Tensor:
+        self.graph.replay()
+        return self.out
+
+
+def _abandon(capture, graph) -> None:
+    """Close a capture that failed, so that the next one can begin.
+
+    torch's own exit stops at the first error: after an invalidated capture, `capture_end` raises
+    before the stream is restored and before the allocator stops routing to the graph's pool.
+    """
+    for step in (graph.capture_end, lambda: capture.stream_ctx.__exit__(None, None, None),
+                 lambda: torch._C._cuda_endAllocateToPool(torch.cuda.current_device(), graph.pool())):
+        try:
+            step()
+        except (RuntimeError, AttributeError):
+            pass  # already done, or not begun
+
+
+class RecordedReplay:
+    """The CPU stand-in for CudaReplay: re-runs fn with `state`'s Python attributes as they were at capture."""
+
+    def __init__(self, fn: Callable[[], torch.Tensor], state: object | None = None,
+                 attrs: tuple[str, ...] = ("length", "write_index")) -> None:
+        self.fn, self.state = fn, state
+        self.saved = {a: getattr(state, a) for a in attrs} if state is not None else {}
+        self.out = fn()
+
+    def __call__(self) -> torch.Tensor:
+        now = {a: getattr(self.state, a) for a in self.saved}
+        for a, v in self.saved.items():
+            setattr(self.state, a, v)
+        try:
+            self.out = self.fn()
+        finally:
+            for a, v in now.items():
+                setattr(self.state, a, v)
+        return self.out
+
+
+class Forward:
+    """One captured target forward: B rows of Tb query tokens, over a KV buffer of C slots per row.
+
+    B = 1 runs over a pooled SlotCache (one request); B > 1 over the first B rows of a BatchCache (a
+    batched round), where rows beyond the round's requests are free and take padding. A padding
+    query (in a free row, or past a request's own nodes) sees only its own slot, and no real query
+    sees it, so each real row is what its own eager forward gives.
+    """
+
+    def __init__(self, target, cache, rows: int, tokens: int, capture: Callable) -> None:
+        dev = target.device
+        B, Tb, C = rows, tokens, cache.capacity
+        # Per row: ids, positions, write slots, then Tb rows of the ancestor mask (0/1). [B, 3 + Tb, Tb]
+        self.stage = torch.zeros(B, 3 + Tb, Tb, dtype=torch.long, pin_memory=dev.type == "cuda")
+        self.io = torch.zeros(B, 3 + Tb, Tb, dtype=torch.long, device=dev)
+        # The copy from `stage` is asynchronous: the next round must not rewrite `stage` before it is done.
+        self.copied = torch.cuda.Event() if dev.type == "cuda" else None
+        self.rows, self.tokens, self.capacity = B, Tb, C
+        key_slot = torch.arange(C, device=dev)  # [C]
+        neg = torch.finfo(target.dtype).min
+        zero = torch.zeros((), dtype=target.dtype, device=dev)
+        solo = isinstance(cache, kv_cache.SlotCache)
+
+        def forward() -> torch.Tensor:
+            ids, pos, slots = self.io[:, 0], self.io[:, 1], self.io[:, 2]  # [B, Tb] each
+            seen = (key_slot < slots[:, :1, None]).expand(B, Tb, C).contiguous()  # [B, Tb, C] committed slots
+            seen.scatter_(2, slots[:, None, :].expand(B, Tb, Tb), self.io[:, 3:].bool())  # plus ancestors
+            mask = torch.where(seen, zero, neg)[:, None]  # [B, 1, Tb, C]
+            cache.write_index = slots[0] if solo else slots  # [Tb] for a SlotCache, [B, Tb] for a BatchCache
+            try:
+                out = target.base(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=cache,
+                                  use_cache=True)
+            finally:
+                cache.write_index = None
+            return out.last_hidden_state  # [B, Tb, H]
+
+        self.forward, self.cache, self.capture = forward, cache, capture
+        self.replay = None  # captured on the first call, once the inputs hold a real round: the warm-up
+        # runs write the buffer at the slots the inputs name, and zeros would overwrite committed slots
+
+    def __call__(self, rows: list[Row]) -> torch.Tensor:
+        """Each request's (ids [T_i], past, tree mask [T_i, T_i] or None for a chain, depth [T_i] or None),
+        in rows 0.. -> hidden [b, T, H], T the longest."""
+        self.fill(rows)
+        self.io.copy_(self.stage, non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
+        if self.replay is None:
+            self.replay = self.capture(self.forward, self.cache)
+        T = max(ids.shape[0] for ids, _, _, _ in rows)
+        return self.replay()[: len(rows), :T].clone()  # the static output is overwritten by the next replay
+
+    def fill(self, rows: list[Row]) -> None:
+        """Write the round's inputs into the host staging buffer [B, 3 + Tb, Tb]."""
+        B, Tb, s = self.rows, self.tokens, self.stage
+        if self.copied is not None:
+            self.copied.synchronize()  # the previous round's copy has long finished: the host synced since
+        s.zero_()
+        s[:, 2] = torch.arange(Tb)  # free rows: padding at slots [0, Tb)
+        s[:, 3:] = torch.eye(Tb, dtype=torch.long)  # a padding query sees only its own slot
+        for i, (ids, past, tree_mask, depth) in enumerate(rows):
+            T, r = ids.shape[0], s[i]
+            r[0, :T] = ids
+            r[0, T:] = ids[0]  # padding: any real token id
+            r[1, :] = past
+            r[1, :T] += depth if depth is not None else torch.arange(T)
+            r[2] += past
+            r[3 : 3 + T, :T] = tree_mask if tree_mask is not None else torch.ones(T, T, dtype=torch.long).tril_()
