@@ -10,7 +10,10 @@ bf16, a Qwen2-0.5B-shaped forward takes 16–22 ms eagerly whether it carries 1 
 - a round's inputs (ids, positions, write slots, the tree's ancestor rows) reach the device in
   one host-to-device copy into a static buffer; the 4D mask is built inside the graph from them,
   and every layer writes its keys and values through a device index (`SlotCache.write_index`);
-- a (capacity, bucket) pair is captured the first time it is used, after two warm-up runs.
+- every bucket of a pooled buffer is captured when the buffer is allocated (still empty), after two
+  warm-up runs each;
+- a batched round (`TargetModel.forward_rows`) replays the graph of its (rows, bucket) pair over the
+  batch's own buffer: rows are bucketed too (1, 2, 4, ... up to the batch size), captured on first use.
 When capture fails (an op that syncs with the host, say), that pair runs eagerly from then on and
 one log line says why; nothing crashes and nothing changes the output. How a forward is captured
 (static inputs, the mask built in the graph) is `specdec.captured`.
@@ -115,7 +118,7 @@ class Graphs:
         """Capture every bucket of a new buffer now, while it is empty: a capture's warm-up runs write
         slots [0, bucket), which would overwrite committed tokens later, and a capture inside a
         request's round would count against its time."""
-        core, dev = self._cores[capacity], self.target.device
+        core = self._cores[capacity]
         for Tb in TOKEN_BUCKETS:
             if Tb > capacity:
                 break
