@@ -54,11 +54,10 @@ class Result:
     text: str = ""
 
 
-def one_request(client, cid: int, args, rng: random.Random, disconnect: bool, prefix: str = "") -> Result:
+def one_request(client, cid: int, args, prompt: str, seed: int, disconnect: bool) -> Result:
     t0 = time.perf_counter()
     ttft, tokens, last = None, 0, None
     tree = {} if args.tree is None else {"tree": args.tree}  # omitted: the app's default (the trained tree)
-    prompt, seed = prefix + rng.choice(PROMPTS), rng.randrange(10**6)
     job = client.submit(prompt=prompt, temperature=args.temperature, top_k=0, top_p=1.0,
                         min_p=0.0, max_new_tokens=args.max_new_tokens, seed=seed, acceptance="lossless",
                         speculative=True, api_name="/generate", **tree)
@@ -108,8 +107,9 @@ def run(args) -> dict:
     start = {}
     connected = threading.Barrier(args.clients + 1, action=lambda: start.setdefault("t0", time.perf_counter()))
 
+    work = workload(args)
+
     def worker(cid: int) -> None:
-        rng = random.Random(args.seed + cid)
         try:
             # Loopback over plain HTTP: no certificates to check. With verification on, every request
             # (httpx opens a client per submit and per stream) loads the CA bundle, ~30 ms of the load
@@ -121,7 +121,8 @@ def run(args) -> dict:
         for i in range(args.requests):
             if time.perf_counter() > deadline:
                 break
-            r = one_request(clients[cid], cid, args, rng, disconnect=cid < args.disconnect and i == 0, prefix=prefix)
+            prompt, seed = work[cid * args.requests + i]
+            r = one_request(clients[cid], cid, args, prefix + prompt, seed, disconnect=cid < args.disconnect and i == 0)
             with lock:
                 results.append(r)
 
@@ -151,7 +152,8 @@ def run(args) -> dict:
 
 
 def workload(args) -> list[tuple[str, int]]:
-    """The (prompt, seed) pairs the clients send, in each client's order (client c draws from seed + c)."""
+    """The (prompt, seed) pairs the clients send (before --shared-prefix), client by client: client c
+    draws its requests from random.Random(seed + c), a prompt then a seed each."""
     out = []
     for cid in range(args.clients):
         rng = random.Random(args.seed + cid)
