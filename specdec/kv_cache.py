@@ -62,11 +62,27 @@ def attention_layout(config) -> AttentionLayout:
 
 def _allocate(layer: CacheLayerMixin, rows: int, capacity: int, key_states: torch.Tensor,
               value_states: torch.Tensor) -> None:
-    """Give a layer its zeroed buffers, [rows, kv_heads, capacity, head_dim], shaped like the first step's states."""
+    """Give a layer its zeroed buffers, [rows, kv_heads, capacity, head_dim], shaped like the first step's states.
+
+    Every layer's keys and values are views of one block [L, 2, rows, kv_heads, capacity, head_dim]
+    where the layers agree in shape (almost every model), so a commit moves all of them with one
+    gather and one copy (`keep_path`), not two per layer: 96 kernel launches fewer a round on a
+    24-layer model. A layer that differs gets its own tensors, and commits go layer by layer.
+    """
+    owner, i = layer.owner, layer.index
     Hk, D, Dv = key_states.shape[1], key_states.shape[-1], value_states.shape[-1]
-    layer.dtype, layer.device = key_states.dtype, key_states.device
-    layer.keys = torch.zeros(rows, Hk, capacity, D, dtype=key_states.dtype, device=key_states.device)
-    layer.values = torch.zeros(rows, Hk, capacity, Dv, dtype=value_states.dtype, device=value_states.device)
+    dtype, device = key_states.dtype, key_states.device
+    layer.dtype, layer.device = dtype, device
+    if i == 0 and D == Dv and value_states.dtype == dtype:
+        owner.block = torch.zeros(len(owner.layers), 2, rows, Hk, capacity, D, dtype=dtype, device=device)
+    block = owner.block
+    if block is not None and block.shape[2:] == (rows, Hk, capacity, D) == tuple(value_states.shape[:2]) + (
+            capacity, Dv) and block.dtype == dtype and block.device == device:
+        layer.keys, layer.values = block[i, 0], block[i, 1]
+    else:
+        owner.block = None
+        layer.keys = torch.zeros(rows, Hk, capacity, D, dtype=dtype, device=device)
+        layer.values = torch.zeros(rows, Hk, capacity, Dv, dtype=value_states.dtype, device=device)
     layer.is_initialized = True
 
 
@@ -79,9 +95,9 @@ class _SlotLayer(CacheLayerMixin):
 
     is_compileable = True
 
-    def __init__(self, owner: "SlotCache") -> None:
+    def __init__(self, owner: "SlotCache", index: int) -> None:
         super().__init__()
-        self.owner = owner
+        self.owner, self.index = owner, index
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         _allocate(self, key_states.shape[0], self.owner.capacity, key_states, value_states)
@@ -129,7 +145,8 @@ class SlotCache(Cache):
         self.fixed_shapes = fixed_shapes
         # [T] slots on the device for the next forward, not [length, length + T): set only around a captured one
         self.write_index: torch.Tensor | None = None
-        super().__init__(layers=[_SlotLayer(self) for _ in range(num_layers)])
+        self.block: torch.Tensor | None = None  # [L, 2, 1, Hk, capacity, D]: every layer's keys and values
+        super().__init__(layers=[_SlotLayer(self, i) for i in range(num_layers)])
 
     def width(self, new_tokens: int) -> int:
         """Key slots a forward of `new_tokens` attends over."""
@@ -143,6 +160,7 @@ class SlotCache(Cache):
         """An empty cache over this one's buffers (no copy): a pooled buffer lent to the next request."""
         assert self.allocated, "allocate the buffers (one forward) before sharing them"
         other = SlotCache(len(self.layers), self.capacity, self.fixed_shapes)
+        other.block = self.block
         for mine, theirs in zip(other.layers, self.layers):
             mine.dtype, mine.device = theirs.dtype, theirs.device
             mine.keys, mine.values, mine.is_initialized = theirs.keys, theirs.values, True
@@ -158,9 +176,9 @@ class _RowsLayer(CacheLayerMixin):
 
     is_compileable = False
 
-    def __init__(self, owner: "BatchCache") -> None:
+    def __init__(self, owner: "BatchCache", index: int) -> None:
         super().__init__()
-        self.owner = owner
+        self.owner, self.index = owner, index
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         _allocate(self, self.owner.rows, self.owner.capacity, key_states, value_states)
@@ -208,7 +226,8 @@ class BatchCache(Cache):
         self.lo, self.starts, self.width = 0, [], 0  # the forward in progress: set by `begin`
         self._slots: torch.Tensor | None = None
         self.write_index: torch.Tensor | None = None  # [b, T] slots on the device: set only around a captured forward
-        super().__init__(layers=[_RowsLayer(self) for _ in range(num_layers)])
+        self.block: torch.Tensor | None = None  # [L, 2, rows, Hk, capacity, D]: every layer's keys and values
+        super().__init__(layers=[_RowsLayer(self, i) for i in range(num_layers)])
 
     def begin(self, lo: int, count: int, new_tokens: int) -> int:
         """Set up a forward of `new_tokens` per row over rows [lo, lo + count); returns the key width."""
@@ -235,6 +254,15 @@ class BatchCache(Cache):
     def grow(self, capacity: int) -> None:
         """Make room for `capacity` slots per row (the committed slots move along; rare: capacities are bucketed)."""
         if capacity <= self.capacity:
+            return
+        if self.block is not None:
+            block = self.block.new_zeros(*self.block.shape[:4], capacity, self.block.shape[-1])
+            block[..., : self.capacity, :] = self.block
+            self.block = block
+            for i, layer in enumerate(self.layers):
+                if layer.is_initialized:
+                    layer.keys, layer.values = block[i, 0], block[i, 1]
+            self.capacity = capacity
             return
         for layer in self.layers:
             if layer.is_initialized:
@@ -336,6 +364,19 @@ def keep_path(cache: Cache, prefix_len: int, nodes: list[int]) -> None:
     n = len(nodes)
     contiguous = nodes == list(range(n))
     idx = dest = None
+    owner = cache.batch if isinstance(cache, RowCache) else cache
+    block = getattr(owner, "block", None)
+    if block is not None and all(layer.is_initialized for layer in owner.layers):  # every layer in one go
+        if not contiguous:
+            view = block[:, :, cache.row] if isinstance(cache, RowCache) else block  # [L, 2, (1,) Hk, C, D]
+            idx = torch.tensor(nodes, device=block.device) + prefix_len
+            dest = torch.arange(prefix_len, prefix_len + n, device=block.device)
+            view.index_copy_(view.dim() - 2, dest, view.index_select(view.dim() - 2, idx))
+        if isinstance(cache, RowCache):
+            cache.batch.lengths[cache.row] = prefix_len + n
+        else:
+            cache.length = prefix_len + n
+        return
     if isinstance(cache, RowCache):  # one row of a batch: the same gather, in that row only
         for layer in _layers(cache.batch):
             if not contiguous and layer.is_initialized:

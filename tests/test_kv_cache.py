@@ -21,6 +21,52 @@ def synthetic_cache(model, prefix: int, nodes: int):
     return cache
 
 
+def synthetic_slots(layers: int, prefix: int, nodes: int, rows: int = 0) -> kv_cache.SlotCache | kv_cache.BatchCache:
+    """A SlotCache (rows=0) or BatchCache whose slot t holds t + 1000 * layer (+ 100 * row) as keys and minus that as values."""
+    T = prefix + nodes
+    cache = kv_cache.BatchCache(layers, rows, 32) if rows else kv_cache.SlotCache(layers, 32)
+    pos = torch.arange(T, dtype=torch.float32).view(1, 1, T, 1).expand(max(rows, 1), 2, T, 8).clone()  # [B, H, T, Dh]
+    pos += 100 * torch.arange(max(rows, 1)).view(-1, 1, 1, 1)
+    for i, layer in enumerate(cache.layers):
+        layer.lazy_initialization(pos, pos)
+        layer.keys[:, :, :T] = pos + 1000 * i
+        layer.values[:, :, :T] = -pos - 1000 * i
+    if rows:
+        cache.lengths = [T] * rows
+    else:
+        cache.length = T
+    return cache
+
+
+@pytest.mark.parametrize("rows", [0, 3])
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("nodes", [[0, 2, 5], [0, 1, 2], [0, 1, 4, 6]])
+def test_keep_path_in_a_slot_buffer_one_block_or_layer_by_layer(nodes, fused, rows):
+    """Every layer's keys and values are views of one block, moved by one gather; without it, layer by layer."""
+    P, N = 5, 7
+    cache = synthetic_slots(3, P, N, rows)
+    assert cache.block is not None and cache.layers[2].values.data_ptr() == cache.block[2, 1].data_ptr()
+    if not fused:
+        cache.block = None  # as when one layer's shape differs
+    target = kv_cache.RowCache(cache, 1) if rows else cache
+    kv_cache.keep_path(target, P, nodes)
+    assert kv_cache.length(target) == P + len(nodes)
+    want = list(range(P)) + [P + n for n in nodes]
+    r = 1 if rows else 0
+    for i, layer in enumerate(cache.layers):
+        assert layer.keys[r, 1, : len(want), 3].tolist() == [w + 1000 * i + 100 * r for w in want]
+        assert layer.values[r, 0, : len(want), 0].tolist() == [-w - 1000 * i - 100 * r for w in want]
+        if rows:  # the other rows are untouched
+            assert layer.keys[0, 0, : P + N, 0].tolist() == [t + 1000 * i for t in range(P + N)]
+
+
+def test_a_grown_batch_buffer_keeps_one_block():
+    cache = synthetic_slots(2, 4, 2, rows=2)
+    cache.grow(64)
+    assert cache.block.shape[4] == 64 and cache.layers[1].keys.data_ptr() == cache.block[1, 0].data_ptr()
+    assert cache.layers[1].keys[1, 0, :6, 0].tolist() == [t + 1000 + 100 for t in range(6)]
+
+
 @pytest.mark.parametrize("nodes", [[0, 2, 5], [0, 1, 2], [0], [0, 3], [0, 1, 4, 6]])
 def test_keep_path_gathers_the_accepted_entries(llama, nodes):
     P, N = 5, 7
