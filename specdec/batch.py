@@ -32,11 +32,11 @@ import torch
 
 from . import kv_cache
 from .draft_tree import Tree
-from .engine import _BATCHED_VERIFY_MAX_CPU, Engine
+from .engine import Engine
 from .run_state import Draft, RunState
 from .sampler import SamplingParams
 from .stopwatch import Stopwatch
-from .verifier import Verdict
+from .verifier import Verdict, all_rows_at_once, verify_greedy_batch
 
 # fault_hook(request id, round index, step) is called before each step of each request; whatever it
 # raises is handled as that step's own failure (tests use it to simulate faults).
@@ -210,11 +210,10 @@ class Batch:
         """Step 3 for the greedy members, together: the verdicts `Engine._verify` would give each alone.
 
         A member joins when its params are greedy and its tree is one the engine verifies from all
-        its rows at once (on a CPU, at most _BATCHED_VERIFY_MAX_CPU nodes; bigger trees compute rows
+        its rows at once (`verifier.all_rows_at_once`: on a CPU, small trees; bigger ones compute rows
         on demand there). If the joint pass fails, each member verifies alone in `_finish`.
         """
-        live = [i for i in hidden if params[i].greedy and (drafts[i].tree.num_nodes <= _BATCHED_VERIFY_MAX_CPU
-                                                           or hidden[i].device.type != "cpu")]
+        live = [i for i in hidden if params[i].greedy and all_rows_at_once(drafts[i].tree.num_nodes, hidden[i].device)]
         if len(live) < 2:
             return {}
         try:
@@ -313,51 +312,6 @@ class Batch:
         if self.fault_hook is not None:
             self.fault_hook(m.rid, m.index, step)
 
-
-def verify_greedy_batch(trees: list[tuple[list[int], Tree]], logits: torch.Tensor) -> list[Verdict]:
-    """`verifier.verify_greedy` for several requests at once: one argmax, one gather, two host syncs in all.
-
-    Each request's verdict is the one `verify_greedy(tokens, tree, its logits rows)` gives: the same
-    argmax per row, the same walk, the same log-softmax per accepted row.
-
-    Args:
-        trees: each request's (N_i token ids, tree); tokens[0] is its root.
-        logits: [sum N_i, V] target logits, the requests' rows one after another in `trees` order.
-    """
-    assert logits.shape[0] == sum(tree.num_nodes for _, tree in trees)
-    best = logits.argmax(dim=-1).tolist()  # [sum N_i]
-    walks, lse_rows, rows, cols, lse_at = [], [], [], [], []
-    off = 0
-    for tokens, tree in trees:
-        accepted, rejected, node = [0], [], 0
-        while True:  # from the root, the child whose token is the target's argmax
-            kids = tree.children[node]
-            chosen = next((c for c in kids if tokens[c] == best[off + node]), None)
-            rejected.extend(c for c in kids if c != chosen)
-            if chosen is None:
-                break
-            accepted.append(chosen)
-            node = chosen
-        # p(token | parent) for every child of a visited node, then p(next token): gathered below.
-        kids = [c for v in accepted for c in tree.children[v]]
-        where = {v: len(lse_rows) + k for k, v in enumerate(accepted)}
-        lse_rows += [off + v for v in accepted]
-        parents = [tree.parent[c] for c in kids] + [node]
-        rows += [off + r for r in parents]
-        cols += [tokens[c] for c in kids] + [best[off + node]]
-        lse_at += [where[r] for r in parents]
-        walks.append((accepted, rejected, best[off + node], bool(tree.children[node]), kids))
-        off += tree.num_nodes
-    dev = logits.device
-    lse = torch.logsumexp(logits[torch.tensor(lse_rows, device=dev)].float(), dim=-1)  # [sum A_i]
-    picked = logits[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)].float()  # [R]
-    probs = (picked - lse[torch.tensor(lse_at, device=dev)]).exp().tolist()
-    out, at = [], 0
-    for accepted, rejected, next_token, inner, kids in walks:
-        mine, at = probs[at : at + len(kids) + 1], at + len(kids) + 1
-        out.append(Verdict(tuple(accepted), next_token, "correction" if inner else "bonus", mine[-1],
-                           dict(zip(kids, mine)), tuple(rejected)))
-    return out
 
 
 def chaos(fraction: float, at_round: int = 3) -> FaultHook:

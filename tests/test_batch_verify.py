@@ -1,4 +1,4 @@
-"""specdec.batch.verify_greedy_batch: the greedy members of a round verified together, exactly as alone.
+"""specdec.verifier.verify_greedy_batch, as a batched round uses it: greedy members verified together, exactly as alone.
 
 Unit level: random trees and logits (with ties, and with trees built so that paths get accepted)
 give each request the verdict `verifier.verify_greedy` gives it on its own rows; a negative control
@@ -20,7 +20,7 @@ from specdec.draft_tree import build_tree
 from specdec.request import GenerationRequest
 from specdec.sampler import SamplingParams
 from specdec.scheduler import Scheduler
-from specdec.verifier import verify_greedy
+from specdec.verifier import verify_greedy, verify_greedy_batch
 from test_tree_policy import MODERATE
 
 V = 11
@@ -44,7 +44,7 @@ def random_request(rng: random.Random, gen: torch.Generator) -> tuple[list[int],
 
 def mismatches(requests, logits: torch.Tensor) -> list[int]:
     """Requests whose joint verdict differs from their solo `verify_greedy` verdict (probabilities to 1e-6)."""
-    got = batch_mod.verify_greedy_batch([(t, tree) for t, tree, _ in requests], logits)
+    got = verify_greedy_batch([(t, tree) for t, tree, _ in requests], logits)
     bad = []
     for k, ((tokens, tree, own), v) in enumerate(zip(requests, got)):
         want = verify_greedy(tokens, tree, own)
@@ -64,7 +64,7 @@ def test_joint_verdicts_equal_each_requests_own():
         requests = [random_request(rng, gen) for _ in range(rng.randrange(1, 9))]
         logits = torch.cat([r[2] for r in requests])
         assert mismatches(requests, logits) == []
-        accepted += sum(len(v.accepted) - 1 for v in batch_mod.verify_greedy_batch(
+        accepted += sum(len(v.accepted) - 1 for v in verify_greedy_batch(
             [(t, tree) for t, tree, _ in requests], logits))
     assert accepted > 200  # the trees are not all rejected at depth 1
 
@@ -84,7 +84,7 @@ def test_negative_control_rows_at_the_wrong_offset_are_caught():
 def test_rows_must_match_the_trees():
     tokens, tree, logits = random_request(random.Random(2), torch.Generator().manual_seed(2))
     with pytest.raises(AssertionError):
-        batch_mod.verify_greedy_batch([(tokens, tree)], torch.cat([logits, logits[:1]]))
+        verify_greedy_batch([(tokens, tree)], torch.cat([logits, logits[:1]]))
 
 
 def test_greedy_members_are_verified_together_and_decode_as_alone(models, monkeypatch):
