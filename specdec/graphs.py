@@ -3,8 +3,9 @@
 On a GPU a small model's eager forward is bound by kernel launches, not arithmetic: on an H200 in
 bf16, a Qwen2-0.5B-shaped forward takes 16–22 ms eagerly whether it carries 1 token or 256, and
 3.4–5 ms as a graph replay (REFERENCE.md). A graph fixes every address and shape, so here:
-- the KV buffer is pooled: one SlotCache per capacity bucket, lent to one request at a time
-  (`Graphs.cache`); a request that finds its bucket lent out gets its own buffer and runs eagerly;
+- the KV buffer is pooled: POOL_SIZE SlotCaches per capacity bucket, each lent to one request at a
+  time (`Graphs.cache`), so that two streams side by side (the app's race) both replay; a request
+  that finds them all lent out gets its own buffer and runs eagerly;
 - a round of N nodes runs in the graph of the next token bucket (1, 2, 4, ... 128): a padding
   query sees only its own slot and no real query sees it, so the real rows are the eager ones;
 - a round's inputs (ids, positions, write slots, the tree's ancestor rows) reach the device in
@@ -38,6 +39,7 @@ from .captured import CudaReplay, Forward, RecordedReplay
 log = logging.getLogger(__name__)
 TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # a round of N nodes replays the graph of the next bucket
 CAPACITY_STEP = 256  # pooled buffers come in multiples of this many slots
+POOL_SIZE = 2  # pooled buffers per capacity: requests streamed side by side that all replay graphs
 # What a forward's Python reads from its cache, frozen at capture by the CPU stand-in.
 _STATE = {kv_cache.SlotCache: ("length", "write_index"), kv_cache.BatchCache: ("lo", "starts", "width", "write_index")}
 
@@ -69,9 +71,9 @@ class Graphs:
         self.target = target
         self.mode = capture
         self._lock = threading.RLock()  # one replay at a time: each graph has one set of static inputs
-        self._cores: dict[int, kv_cache.SlotCache] = {}  # capacity -> the pooled buffer
-        self._lent: dict[int, weakref.ref] = {}  # capacity -> the request's cache over it
-        self._forwards: dict[tuple[int, int], Forward | None] = {}  # (capacity, bucket); None: runs eagerly
+        self._cores: dict[tuple[int, int], kv_cache.SlotCache] = {}  # (capacity, j) -> a pooled buffer
+        self._lent: dict[tuple[int, int], weakref.ref] = {}  # (capacity, j) -> the request's cache over it
+        self._forwards: dict[tuple, Forward | None] = {}  # (capacity, j, bucket); None: runs eagerly
         # A batch's buffer -> its forwards by (capacity, rows, bucket); a grown buffer has new tensors.
         self._batched: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._heads: dict[tuple[int, int], tuple[object, torch.Tensor, Callable] | None] = {}  # (id(heads), k)
@@ -81,8 +83,8 @@ class Graphs:
         """Plain values: how it captures, what it has captured, and what fell back to eager (and why)."""
         with self._lock:
             return {"mode": self.mode,
-                    "forwards": sorted(f"{b} tokens / {c} slots" for (c, b), g in self._forwards.items()
-                                       if g is not None and g.replay is not None),
+                    "forwards": sorted({f"{b} tokens / {c} slots" for (c, _, b), g in self._forwards.items()
+                                        if g is not None and g.replay is not None}),
                     "batched": sorted(f"{r} rows x {b} tokens / {c} slots" for graphs in self._batched.values()
                                       for (c, r, b), g in graphs.items() if g is not None and g.replay is not None),
                     "heads": sorted(k for (_, k), entry in self._heads.items() if entry is not None),
@@ -100,32 +102,33 @@ class Graphs:
 
     @torch.inference_mode()
     def cache(self, slots: int) -> kv_cache.SlotCache | None:
-        """An empty cache over the pooled buffer for `slots`, lent until it is released or dropped; None if lent out."""
+        """An empty cache over a pooled buffer for `slots`, lent until it is released or dropped; None if all are lent."""
         C = self.capacity(slots)
         with self._lock:
-            held = self._lent.get(C)
-            if held is not None and held() is not None:
+            key = next(((C, j) for j in range(POOL_SIZE) if self._lent.get((C, j)) is None
+                        or self._lent[(C, j)]() is None), None)
+            if key is None:
                 return None
-            core = self._cores.get(C)
+            core = self._cores.get(key)
             if core is None:
-                core = self._cores[C] = self._allocate(C)
-                self._capture_all(C)
+                core = self._cores[key] = self._allocate(C)
+                self._capture_all(key)
             lent = core.sharing()
-            self._lent[C] = weakref.ref(lent)
+            self._lent[key] = weakref.ref(lent)
             return lent
 
-    def _capture_all(self, capacity: int) -> None:
+    def _capture_all(self, pooled: tuple[int, int]) -> None:
         """Capture every bucket of a new buffer now, while it is empty: a capture's warm-up runs write
         slots [0, bucket), which would overwrite committed tokens later, and a capture inside a
         request's round would count against its time."""
-        core = self._cores[capacity]
+        core, C = self._cores[pooled], pooled[0]
         for Tb in TOKEN_BUCKETS:
-            if Tb > capacity:
+            if Tb > C:
                 break
-            graph = self._forwards[(capacity, Tb)] = Forward(self.target, core, 1, Tb, self.capture)
-            if self._try(f"forward of {Tb} tokens over {capacity} slots",
+            graph = self._forwards[pooled + (Tb,)] = Forward(self.target, core, 1, Tb, self.capture)
+            if self._try(f"forward of {Tb} tokens over {C} slots",
                          lambda: graph([(torch.zeros(Tb, dtype=torch.long), 0, None, None)])) is None:
-                self._forwards[(capacity, Tb)] = None
+                self._forwards[pooled + (Tb,)] = None
 
     @torch.inference_mode()
     def release(self, cache, failed: bool = False) -> None:
@@ -135,11 +138,11 @@ class Graphs:
         since a masked score is still NaN (NaN + min) and would spread to the next request.
         """
         with self._lock:
-            for C, ref in list(self._lent.items()):
+            for key, ref in list(self._lent.items()):
                 if ref() is cache:
-                    del self._lent[C]
+                    del self._lent[key]
                     if failed:
-                        for layer in self._cores[C].layers:
+                        for layer in self._cores[key].layers:
                             layer.keys.zero_()
                             layer.values.zero_()
 
@@ -160,11 +163,13 @@ class Graphs:
 
     def owns(self, cache) -> bool:
         """Is `cache` a pooled buffer lent out now (its rounds replay graphs)?"""
-        return self._capacity_of(cache) is not None
+        return self._pooled(cache) is not None
 
-    def _capacity_of(self, cache) -> int | None:
-        ref = self._lent.get(getattr(cache, "capacity", -1))
-        return cache.capacity if ref is not None and ref() is cache else None
+    def _pooled(self, cache) -> tuple[int, int] | None:
+        """The (capacity, j) of the pooled buffer `cache` holds now, or None."""
+        C = getattr(cache, "capacity", -1)
+        return next(((C, j) for j in range(POOL_SIZE) if (ref := self._lent.get((C, j))) is not None
+                     and ref() is cache), None)
 
     # -- forwards ----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -175,20 +180,21 @@ class Graphs:
         Eager cases: the cache is not a pooled one, T is beyond the largest bucket, the round would
         not fit the buffer, a sliding window is in reach (its mask is not built here), or capture failed.
         """
-        C = self._capacity_of(cache)
+        pooled = self._pooled(cache)
         T = ids.shape[0]
         Tb = token_bucket(T)
-        if C is None or Tb is None or cache.length + Tb > C:
+        if pooled is None or Tb is None or cache.length + Tb > pooled[0]:
             return None
+        C = pooled[0]
         target = self.target
         if target.window_mode in ("uniform", "mapping"):
             reach = cache.length + (int(depth.max()) if depth is not None else T - 1)
             if reach >= target.window:
                 return None
         with self._lock:
-            key = (C, Tb)
+            key = pooled + (Tb,)
             if key not in self._forwards:
-                self._forwards[key] = Forward(self.target, self._cores[C], 1, Tb, self.capture)
+                self._forwards[key] = Forward(self.target, self._cores[pooled], 1, Tb, self.capture)
             hidden = self._run(self._forwards, key, f"forward of {Tb} tokens over {C} slots",
                                [(ids, cache.length, tree_mask, depth)])
         if hidden is None:
