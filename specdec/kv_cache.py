@@ -76,8 +76,8 @@ def _allocate(layer: CacheLayerMixin, rows: int, capacity: int, key_states: torc
     if i == 0 and D == Dv and value_states.dtype == dtype:
         owner.block = torch.zeros(len(owner.layers), 2, rows, Hk, capacity, D, dtype=dtype, device=device)
     block = owner.block
-    if block is not None and block.shape[2:] == (rows, Hk, capacity, D) == tuple(value_states.shape[:2]) + (
-            capacity, Dv) and block.dtype == dtype and block.device == device:
+    if (block is not None and block.shape[2:] == (rows, Hk, capacity, D) and value_states.shape[1] == Hk
+            and Dv == D and block.dtype == dtype and block.device == device):
         layer.keys, layer.values = block[i, 0], block[i, 1]
     else:
         owner.block = None

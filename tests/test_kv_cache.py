@@ -60,6 +60,17 @@ def test_keep_path_in_a_slot_buffer_one_block_or_layer_by_layer(nodes, fused, ro
             assert layer.keys[0, 0, : P + N, 0].tolist() == [t + 1000 * i for t in range(P + N)]
 
 
+def test_a_batch_buffer_adopting_requests_keeps_one_block(llama):
+    """Rows filled from requests' own buffers (one row each) still share one block across layers."""
+    target = TargetModel(llama)
+    batch = kv_cache.BatchCache(llama.config.num_hidden_layers, 3, 64)
+    for row, n in enumerate((4, 6)):
+        solo = kv_cache.new_cache(llama, capacity=64)
+        target.forward(torch.tensor(PROMPTS[1][:n]), solo)
+        batch.adopt(row, solo)
+    assert batch.block is not None and batch.layers[1].keys.data_ptr() == batch.block[1, 0].data_ptr()
+
+
 def test_a_grown_batch_buffer_keeps_one_block():
     cache = synthetic_slots(2, 4, 2, rows=2)
     cache.grow(64)
