@@ -114,6 +114,7 @@ class Batch:
             self.cache.grow(need)
             row = len(self.members)
             self.cache.adopt(row, solo)
+            self.engine.target.release(solo)  # a pooled buffer goes back now that the row holds its KV
             m.run.cache = kv_cache.RowCache(self.cache, row)
         self.members.append(m)
 
@@ -121,6 +122,8 @@ class Batch:
         """A request leaves (finished, stopped, disconnected or failed): its row is free for the next round."""
         i = self.members.index(m)
         last = len(self.members) - 1
+        if not self.batched:  # its own buffer: a pooled one goes back (zeroed after a failure)
+            self.engine.target.release(m.run.cache, failed)
         if self.batched:
             if failed:  # its stale slots may hold NaN, which would spread through a masked score
                 self.cache.clear(i)

@@ -14,51 +14,16 @@ Sliding-window (and chunked) attention layers get a plain full-history
 layer too: HF's sliding layer drops old entries as it goes, which a tree
 rollback cannot undo. Within the smallest window the window hides nothing,
 so the result is exact there; `Engine` refuses requests that would outrun it.
+Which layers a model has, and which it cannot roll back, is `specdec.attention`.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
-
-# Layer types whose cache is plain keys/values per position, so a gather can roll a tree back.
-_WINDOWED = ("sliding_attention", "chunked_attention")
-SUPPORTED_LAYER_TYPES = ("full_attention",) + _WINDOWED
-
-
-@dataclass(frozen=True)
-class AttentionLayout:
-    """Per decoder layer: its attention type and its window (None for full attention)."""
-
-    types: tuple[str, ...]
-    windows: tuple[int | None, ...]
-
-    @property
-    def window(self) -> int | None:
-        """The smallest sliding or chunk window, or None when every layer attends to everything."""
-        ws = [w for w in self.windows if w]
-        return min(ws) if ws else None
-
-
-def attention_layout(config) -> AttentionLayout:
-    """The attention layout of a model config, as HF's own cache builder reads it.
-
-    Raises ValueError naming the layer type when a layer keeps state a tree rollback cannot
-    restore: linear attention, state-space and other recurrent or hybrid layers, shared KV.
-    """
-    text = config.get_text_config(decoder=True)
-    types, kwargs = get_layer_types_and_kwargs(text)
-    bad = sorted({t for t in types if t not in SUPPORTED_LAYER_TYPES})
-    if bad:
-        raise ValueError(f"{type(text).__name__} has {bad[0]!r} layers ({', '.join(bad)}): their cache is "
-                         "recurrent or shared state, which speculative tree rollback cannot restore exactly. "
-                         f"specdec supports layers of type {', '.join(SUPPORTED_LAYER_TYPES)}")
-    windows = tuple(int(kw["sliding_window"]) if t in _WINDOWED and kw.get("sliding_window") else None
-                    for t, kw in zip(types, kwargs))
-    return AttentionLayout(tuple(types), windows)
-
+from transformers.cache_utils import Cache, CacheLayerMixin
 
 def _allocate(layer: CacheLayerMixin, rows: int, capacity: int, key_states: torch.Tensor,
               value_states: torch.Tensor) -> None:
@@ -97,7 +62,11 @@ class _SlotLayer(CacheLayerMixin):
 
     def __init__(self, owner: "SlotCache", index: int) -> None:
         super().__init__()
-        self.owner, self.index = owner, index
+        self._owner, self.index = weakref.ref(owner), index  # no cycle: a dropped cache is freed at once
+
+    @property
+    def owner(self) -> "SlotCache":
+        return self._owner()
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         _allocate(self, key_states.shape[0], self.owner.capacity, key_states, value_states)
@@ -178,7 +147,11 @@ class _RowsLayer(CacheLayerMixin):
 
     def __init__(self, owner: "BatchCache", index: int) -> None:
         super().__init__()
-        self.owner, self.index = owner, index
+        self._owner, self.index = weakref.ref(owner), index
+
+    @property
+    def owner(self) -> "BatchCache":
+        return self._owner()
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         _allocate(self, self.owner.rows, self.owner.capacity, key_states, value_states)
@@ -357,52 +330,36 @@ def advance(cache: Cache, new_tokens: int) -> None:
 def keep_path(cache: Cache, prefix_len: int, nodes: list[int]) -> None:
     """Keep the prefix plus the tree nodes `nodes` (indices after the prefix), in that order.
 
+    One gather and one copy over every layer at once where the buffer is one block (`_allocate`),
+    else two per layer; for a RowCache, in its row only. Nothing moves when the path is contiguous.
+
     Args:
         prefix_len: committed tokens before the tree.
         nodes: accepted node indices, increasing (ancestors precede descendants in BFS order).
     """
     n = len(nodes)
-    contiguous = nodes == list(range(n))
-    idx = dest = None
-    owner = cache.batch if isinstance(cache, RowCache) else cache
-    block = getattr(owner, "block", None)
-    if block is not None and all(layer.is_initialized for layer in owner.layers):  # every layer in one go
-        if not contiguous:
-            view = block[:, :, cache.row] if isinstance(cache, RowCache) else block  # [L, 2, (1,) Hk, C, D]
-            idx = torch.tensor(nodes, device=block.device) + prefix_len
-            dest = torch.arange(prefix_len, prefix_len + n, device=block.device)
-            view.index_copy_(view.dim() - 2, dest, view.index_select(view.dim() - 2, idx))
-        if isinstance(cache, RowCache):
-            cache.batch.lengths[cache.row] = prefix_len + n
+    owner, row = (cache.batch, cache.row) if isinstance(cache, RowCache) else (cache, 0)
+    if nodes != list(range(n)):
+        block = getattr(owner, "block", None)
+        if block is not None:
+            parts = [block[:, :, row]]  # [L, 2, Hk, C, D]: every layer's keys and values
         else:
-            cache.length = prefix_len + n
-        return
-    if isinstance(cache, RowCache):  # one row of a batch: the same gather, in that row only
-        for layer in _layers(cache.batch):
-            if not contiguous and layer.is_initialized:
-                if idx is None:
-                    idx = torch.tensor(nodes, device=layer.keys.device) + prefix_len
-                    dest = torch.arange(prefix_len, prefix_len + n, device=layer.keys.device)
-                row_k, row_v = layer.keys[cache.row], layer.values[cache.row]  # [Hk, capacity, D] views
-                row_k.index_copy_(1, dest, row_k.index_select(1, idx))
-                row_v.index_copy_(1, dest, row_v.index_select(1, idx))
-        cache.batch.lengths[cache.row] = prefix_len + n
-        return
-    for layer in _layers(cache):
-        if layer.keys is None or layer.keys.numel() == 0:
-            continue
-        if not contiguous:
-            if idx is None:  # built once, not once per layer
-                idx = torch.tensor(nodes, device=layer.keys.device) + prefix_len
-                dest = torch.arange(prefix_len, prefix_len + n, device=layer.keys.device)
-            # index_select copies first, so overlapping source/target slots are safe
-            layer.keys.index_copy_(2, dest, layer.keys.index_select(2, idx))
-            layer.values.index_copy_(2, dest, layer.values.index_select(2, idx))
-        if not isinstance(cache, SlotCache):
-            layer.keys = layer.keys[..., : prefix_len + n, :]
-            layer.values = layer.values[..., : prefix_len + n, :]
-    if isinstance(cache, SlotCache):
+            parts = [t[row] for layer in _layers(owner) if layer.keys is not None and layer.keys.numel()
+                     for t in (layer.keys, layer.values)]  # [Hk, C, D] each
+        if parts:
+            idx = torch.tensor(nodes, device=parts[0].device) + prefix_len
+            dest = torch.arange(prefix_len, prefix_len + n, device=parts[0].device)
+            for t in parts:  # index_select copies first, so overlapping source/target slots are safe
+                t.index_copy_(t.dim() - 2, dest, t.index_select(t.dim() - 2, idx))
+    if isinstance(cache, RowCache):
+        cache.batch.lengths[row] = prefix_len + n
+    elif isinstance(cache, SlotCache):
         cache.length = prefix_len + n  # the slots after it are garbage, hidden by the mask
+    else:  # HF's growing cache: drop what follows
+        for layer in _layers(cache):
+            if layer.keys is not None and layer.keys.numel():
+                layer.keys = layer.keys[..., : prefix_len + n, :]
+                layer.values = layer.values[..., : prefix_len + n, :]
 
 
 @torch.inference_mode()

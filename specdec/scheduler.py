@@ -264,6 +264,7 @@ class Scheduler:
             self._tickets.pop(m.rid)._end()
         for t, m in [p for p in self._prefilling if p[0].cancelled]:
             self._prefilling.remove((t, m))
+            self._release(m)
             self._tickets.pop(t.rid, None)
             t._end()
 
@@ -281,6 +282,7 @@ class Scheduler:
                 fed = self._batch.prefill(m, budget)
             except Exception as e:  # noqa: BLE001 (isolated: this request alone ends)
                 self._prefilling.remove(entry)
+                self._release(entry[1], failed=True)
                 self._fail(t, Failure(cause_of("prefill", e), "prefill", 0, _message(e)))
                 continue
             if fed:
@@ -313,14 +315,23 @@ class Scheduler:
         if failure is not None:
             if joined:
                 self._batch.remove(m, failed=True)
+            else:
+                self._release(m, failed=True)
             self._fail(t, failure)
         elif m.finished is not None or stop or t.cancelled:
             if joined:
                 self._batch.remove(m)
+            else:
+                self._release(m)
             self._tickets.pop(t.rid, None)
             t._end()
         elif not joined:
             self._batch.add(m)
+
+    def _release(self, m: Member | None, failed: bool = False) -> None:
+        """A request that never joined the batch is done with its own KV buffer (a pooled one goes back)."""
+        if m is not None:
+            self.engine.target.release(m.run.cache, failed)
 
     def _fail(self, t: Ticket, failure: Failure) -> None:
         self.failures[failure.cause] += 1
@@ -335,7 +346,8 @@ class Scheduler:
         for m in list(self._batch.members):
             self._batch.remove(m)
             self._tickets.pop(m.rid)._end(closed)
-        for t, _ in self._prefilling:
+        for t, m in self._prefilling:
+            self._release(m)
             t._end(closed)
         for t in self._waiting:
             t._end(closed)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from . import kv_cache
+from .attention import attention_layout
 from .sampler import finite_logits
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ class TargetModel:
             raise ValueError(f"{type(model).__name__} is not a causal LM with a separate output projection")
         cfg = model.config
         # Decided once, at load: refuse what cannot roll back, switch what would ignore the tree mask.
-        self.layout = kv_cache.attention_layout(cfg)
+        self.layout = attention_layout(cfg)
         self.window = self.layout.window
         impl = getattr(cfg, "_attn_implementation", None) or "eager"
         if impl not in MASK_AWARE_ATTENTION:

@@ -183,21 +183,6 @@ def test_engine_cache_holds_exactly_the_committed_tokens(arch, models, monkeypat
     assert plain.token_ids == out
 
 
-def test_attention_layout_reads_windows_and_refuses_recurrent_layers():
-    from transformers import Gemma2Config, LlamaConfig, MambaConfig, MistralConfig, Qwen2Config, Qwen3NextConfig
-
-    assert kv_cache.attention_layout(LlamaConfig()).window is None
-    assert kv_cache.attention_layout(MistralConfig()).window == 4096  # Mistral-7B-v0.1's default window
-    layout = kv_cache.attention_layout(Gemma2Config(sliding_window=300, num_hidden_layers=4))
-    assert layout.types == ("sliding_attention", "full_attention") * 2
-    assert layout.windows == (300, None, 300, None) and layout.window == 300
-    assert kv_cache.attention_layout(Qwen2Config(use_sliding_window=False)).window is None
-    assert kv_cache.attention_layout(Qwen2Config(use_sliding_window=True, sliding_window=64)).window == 64
-    for cfg in (Qwen3NextConfig(), MambaConfig()):
-        with pytest.raises(ValueError, match="'linear_attention' layers"):
-            kv_cache.attention_layout(cfg)
-
-
 @pytest.mark.parametrize("fixed_shapes", [True, False])  # the whole buffer (CUDA's choice) or the slots in use
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 def test_slot_buffer_equals_a_fresh_prefill_after_any_commits(arch, models, fixed_shapes):
