@@ -75,8 +75,10 @@ class RecordedReplay:
         self.fn, self.state = fn, state
         self.saved = {a: getattr(state, a) for a in attrs} if state is not None else {}
         self.out = fn()
+        self.addresses = _addresses(state)  # a real graph writes where these tensors were at capture
 
     def __call__(self) -> torch.Tensor:
+        assert _addresses(self.state) == self.addresses, "a captured buffer moved: the graph would write freed memory"
         now = {a: getattr(self.state, a) for a in self.saved}
         for a, v in self.saved.items():
             setattr(self.state, a, v)
@@ -86,6 +88,12 @@ class RecordedReplay:
             for a, v in now.items():
                 setattr(self.state, a, v)
         return self.out
+
+
+def _addresses(state) -> list[int]:
+    """Where a cache's buffers live (empty for anything without layers)."""
+    return [t.data_ptr() for layer in getattr(state, "layers", ()) for t in (layer.keys, layer.values)
+            if t is not None]
 
 
 class Forward:

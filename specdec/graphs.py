@@ -74,8 +74,9 @@ class Graphs:
         self._cores: dict[tuple[int, int], kv_cache.SlotCache] = {}  # (capacity, j) -> a pooled buffer
         self._lent: dict[tuple[int, int], weakref.ref] = {}  # (capacity, j) -> the request's cache over it
         self._forwards: dict[tuple, Forward | None] = {}  # (capacity, j, bucket); None: runs eagerly
-        # A batch's buffer -> its forwards by (capacity, rows, bucket); a grown buffer has new tensors.
-        self._batched: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # Batches' buffers with captured forwards (kept on each buffer, `BatchCache.graphs`, so that they
+        # go with it: a graph holding a buffer must not keep it alive, nor outlive it).
+        self._batched: weakref.WeakSet = weakref.WeakSet()
         self._heads: dict[tuple[int, int], tuple[object, torch.Tensor, Callable] | None] = {}  # (id(heads), k)
         self.failures: dict[str, str] = {}  # what fell back to eager, and why
 
@@ -85,8 +86,8 @@ class Graphs:
             return {"mode": self.mode,
                     "forwards": sorted({f"{b} tokens / {c} slots" for (c, _, b), g in self._forwards.items()
                                         if g is not None and g.replay is not None}),
-                    "batched": sorted(f"{r} rows x {b} tokens / {c} slots" for graphs in self._batched.values()
-                                      for (c, r, b), g in graphs.items() if g is not None and g.replay is not None),
+                    "batched": sorted({f"{r} rows x {b} tokens / {c} slots" for cache in list(self._batched)
+                                       for (c, r, b), g in cache.graphs.items() if g is not None and g.replay is not None}),
                     "heads": sorted(k for (_, k), entry in self._heads.items() if entry is not None),
                     "failures": dict(self.failures)}
 
@@ -213,7 +214,7 @@ class Graphs:
         """
         b, T = len(tokens), max(len(t) for t in tokens)
         Tb, starts = token_bucket(T), cache.lengths[:b]
-        if lo != 0 or Tb is None or max(starts) + Tb > cache.capacity or b > cache.rows:
+        if lo != 0 or Tb is None or max(starts) + Tb > cache.capacity or b > cache.rows or not cache.allocated:
             return None
         rows = []
         for toks, tree, past in zip(tokens, trees, starts):
@@ -226,7 +227,8 @@ class Graphs:
                 return None
         B, C = row_bucket(b, cache.rows), cache.capacity
         with self._lock:
-            graphs = self._batched.setdefault(cache, {})
+            graphs = cache.graphs
+            self._batched.add(cache)
             for stale in [k for k in graphs if k[0] != C]:  # the buffer grew: new tensors, new graphs
                 del graphs[stale]
             key = (C, B, Tb)

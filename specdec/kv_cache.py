@@ -199,6 +199,7 @@ class BatchCache(Cache):
         self.lo, self.starts, self.width = 0, [], 0  # the forward in progress: set by `begin`
         self._slots: torch.Tensor | None = None
         self.write_index: torch.Tensor | None = None  # [b, T] slots on the device: set only around a captured forward
+        self.graphs: dict = {}  # captured forwards over this buffer, by (capacity, rows, bucket) (specdec.graphs)
         self.block: torch.Tensor | None = None  # [L, 2, rows, Hk, capacity, D]: every layer's keys and values
         super().__init__(layers=[_RowsLayer(self, i) for i in range(num_layers)])
 

@@ -109,10 +109,14 @@ def verify_greedy_batch(trees: list[tuple[list[int], Tree]], logits: torch.Tenso
         lse_at += [where[r] for r in parents]
         walks.append((accepted, rejected, best[off + node], bool(tree.children[node]), kids))
         off += tree.num_nodes
-    dev = logits.device
-    lse = torch.logsumexp(logits[torch.tensor(lse_rows, device=dev)].float(), dim=-1)  # [sum A_i]
-    picked = logits[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)].float()  # [R]
-    probs = (picked - lse[torch.tensor(lse_at, device=dev)]).exp().tolist()
+    # Every index in one host tensor and one copy: four blocking copies would each wait for the device.
+    idx = torch.tensor(lse_rows + rows + cols + lse_at)
+    if logits.device.type == "cuda":
+        idx = idx.pin_memory().to(logits.device, non_blocking=True)
+    a, r = len(lse_rows), len(rows)
+    lse = torch.logsumexp(logits[idx[:a]].float(), dim=-1)  # [sum A_i]
+    picked = logits[idx[a : a + r], idx[a + r : a + 2 * r]].float()  # [R]
+    probs = (picked - lse[idx[a + 2 * r :]]).exp().tolist()
     out, at = [], 0
     for accepted, rejected, next_token, inner, kids in walks:
         mine, at = probs[at : at + len(kids) + 1], at + len(kids) + 1

@@ -351,3 +351,44 @@ def test_batched_graphs_negative_control_queries_see_every_new_slot(monkeypatch)
     model = make_model("llama", vocab=ts.V, seed=3, init=0.2)
     counts = ts.mixed_counts(model, ts.N_MIXED // 3, seed0=60_000)
     assert ts.chi2_pvalue(counts["a"], ts.joint_after_first(model, ts.KINDS["a"])) < ts.FAIL_P
+
+
+@pytest.mark.parametrize("size", [1, 4])
+def test_the_scheduler_gives_pooled_buffers_back(llama, size):
+    """Through the scheduler (one at a time, or adopted into batch rows), every pooled buffer goes back
+    when its request is done, with the cycle collector off: no buffer waits for a collection."""
+    import gc
+
+    loaded = graphed(llama, max_batch_size=size)
+    graphs = loaded.engine.target.graphs
+    gc.disable()
+    try:
+        with loaded.scheduler as s:
+            tickets = [s.submit(GenerationRequest(p, 12, tree="default", eos_token_id=None)) for p in PROMPTS]
+            assert [tokens(t) for t in tickets] == [hf_greedy(llama, p, 12) for p in PROMPTS]
+            lent = [key for key, ref in graphs._lent.items() if ref() is not None]
+        assert lent == []
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("size", [1, 4])
+def test_a_request_failing_in_the_scheduler_leaves_a_zeroed_buffer(llama, size):
+    """A fault in round 0, before the request joins the batch's rows: the pooled buffer it held comes back
+    zeroed, and the next request is exact. (Later faults are in a batch row, which `Batch.remove` clears.)"""
+    from specdec.scheduler import RequestFailed, Scheduler
+
+    loaded = graphed(llama, max_batch_size=size)
+    graphs = loaded.engine.target.graphs
+
+    def hook(rid, index, step):
+        if rid == 0 and step == "forward" and index == 0:
+            raise RuntimeError("planted fault")
+
+    with Scheduler(loaded.engine, max_batch_size=size, fault_hook=hook) as s:
+        with pytest.raises(RequestFailed):
+            tokens(s.submit(GenerationRequest(PROMPTS[1], 12, tree="default", eos_token_id=None)))
+        core = next(iter(graphs._cores.values()))
+        assert all(float(layer.keys.abs().sum()) == 0 for layer in core.layers)
+        ok = tokens(s.submit(GenerationRequest(PROMPTS[1], 12, tree="default", eos_token_id=None)))
+    assert ok == hf_greedy(llama, PROMPTS[1], 12)
