@@ -45,12 +45,13 @@ def tree_choices(info: dict) -> list[tuple[str, str]]:
 
 
 def model_line(info: dict, name: str = "") -> str:
-    """One Markdown line on what runs: model, size, dtype, device, heads and prefix cache."""
+    """One Markdown line on what runs: model, size, dtype, device, CUDA graphs, heads and prefix cache."""
     heads = f"{info['heads']} Medusa heads" if info["heads"] else "no draft heads"
     cache = info["prefix_cache"]
     cache = f" · prefix cache {cache['max_bytes'] / 2**20:.0f} MiB" if cache is not None else ""
+    graphs = " · CUDA graphs" if info.get("cuda_graphs") is not None else ""
     return (f"model **{name or info['model']}** ({info['params'] / 1e6:.1f}M params, {info['dtype']}, "
-            f"{info['device']}) · {heads}{cache}")
+            f"{info['device']}){graphs} · {heads}{cache}")
 
 
 class Handlers(RoundViews, SamplerView, RaceView):

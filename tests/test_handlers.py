@@ -146,3 +146,13 @@ def test_final_update_shows_the_most_instructive_round_and_the_sampler_follows(h
     # the greedy rule greys out the temperature slider
     assert Handlers.temperature_control("greedy").interactive is False
     assert Handlers.temperature_control("lossless").interactive is True
+
+
+def test_model_line_says_what_runs(loaded_llama):
+    from components.handlers import model_line
+
+    info = loaded_llama.engine.info()
+    line = model_line(info, "tiny")
+    assert "**tiny**" in line and "float32" in line and "cpu" in line and "Medusa heads" in line
+    assert "CUDA graphs" not in line
+    assert "· CUDA graphs ·" in model_line({**info, "cuda_graphs": {"mode": "cuda"}}, "tiny")
