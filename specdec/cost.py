@@ -173,7 +173,7 @@ def measure(engine: "Engine", budget_s: float = 2.0, max_nodes: int = 64, reps: 
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, target.vocab_size, (ctx + max_nodes,), generator=gen)
     # The request path's own kind of buffer: with CUDA graphs, the pooled one their replays write.
-    cache, _ = target.new_cache(ctx + 2 * max_nodes + 1 if target.slots else None)
+    cache = target.new_cache(ctx + 2 * max_nodes + 1 if target.slots else None)
     try:
         return _measure(engine, cache, ids, ctx, deadline, budget_s, max_nodes, reps)
     finally:
@@ -227,8 +227,11 @@ def _measure(engine: "Engine", cache, ids: torch.Tensor, ctx: int, deadline: flo
         h = target.forward(ids[ctx : ctx + 1], cache)[-1]
         kv_cache.keep_path(cache, ctx, [])
 
-        def heads_then_forward() -> None:
+        def heads() -> None:
             torch.topk(engine.head_logits(h).float().softmax(-1), 10, -1)[0].tolist()
+
+        def heads_then_forward() -> None:
+            heads()
             forward(1)
 
         added = []
@@ -237,8 +240,7 @@ def _measure(engine: "Engine", cache, ids: torch.Tensor, ctx: int, deadline: flo
             if rep:
                 added.append(th - t1)
         # Noise can make the difference vanish; the heads never cost less than they take alone.
-        alone = _time(lambda: torch.topk(engine.head_logits(h).float().softmax(-1), 10, -1)[0].tolist(), reps)
-        heads_s = max(statistics.median(added), alone)
+        heads_s = max(statistics.median(added), _time(heads, reps))
     row = target.logits(target.forward(ids[ctx : ctx + 1], cache)[-1])  # [V]
     kv_cache.keep_path(cache, ctx, [])
     target.release(cache)  # the requests below may want the pooled buffer

@@ -205,10 +205,9 @@ class Engine:
             most_nodes = policy.max_nodes + req.lookup
         # A captured forward pads a round of N nodes to its bucket (< 2N), so leave room for that too.
         slots = len(plan.ids) + req.max_new_tokens + 2 * most_nodes if target.slots else None
-        cache, hit = None, 0
-        if self.prefix_cache is not None:
-            cache, hit = self.prefix_cache.lookup(target.model, plan.ids, kv_cache.bucket(slots) if slots else None)
-        cache, hit = target.new_cache(slots, cache, hit)
+        cache, hit = target.new_cache(slots), 0
+        if self.prefix_cache is not None:  # seeds the request's own buffer (a pooled one: what the graphs write)
+            _, hit = self.prefix_cache.lookup(target.model, plan.ids, into=cache)
         ngram = NgramIndex(plan.ids, req.lookup_ngram) if plan.tree is not None and req.lookup else None
         return RunState(plan, cache, hit, seed, torch.Generator(device=target.device).manual_seed(seed),
                     IncrementalDecoder(self.tokenizer), ngram, limit=target.max_length or 1 << 62, policy=policy)

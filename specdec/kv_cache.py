@@ -370,12 +370,17 @@ def snapshot(cache: Cache, upto: int) -> list[tuple[torch.Tensor, torch.Tensor]]
 
 
 @torch.inference_mode()
-def restore(model, saved: list[tuple[torch.Tensor, torch.Tensor]], upto: int, capacity: int | None = None) -> Cache:
-    """A fresh cache holding the first `upto` entries of a snapshot (copied, so the snapshot stays intact)."""
-    cache = new_cache(model, capacity)
+def restore(model, saved: list[tuple[torch.Tensor, torch.Tensor]], upto: int, capacity: int | None = None,
+            into: Cache | None = None) -> Cache:
+    """A cache holding the first `upto` entries of a snapshot (copied, so the snapshot stays intact).
+
+    into: an empty cache to fill (a pooled buffer the captured forwards write); None makes a fresh one.
+    """
+    cache = into if into is not None else new_cache(model, capacity)
     if isinstance(cache, SlotCache):
         for layer, (k, v) in zip(cache.layers, saved):
-            layer.lazy_initialization(k, v)
+            if not layer.is_initialized:
+                layer.lazy_initialization(k, v)
             layer.keys[:, :, :upto] = k[..., :upto, :]
             layer.values[:, :, :upto] = v[..., :upto, :]
         cache.length = upto
@@ -383,16 +388,6 @@ def restore(model, saved: list[tuple[torch.Tensor, torch.Tensor]], upto: int, ca
     for i, (k, v) in enumerate(saved):
         cache.update(k[..., :upto, :].clone(), v[..., :upto, :].clone(), i)
     return cache
-
-
-@torch.inference_mode()
-def copy_prefix(src: Cache, dst: SlotCache, upto: int) -> None:
-    """Put the first `upto` committed entries of `src` into `dst`'s buffers and commit them there."""
-    assert dst.allocated and upto <= dst.capacity
-    for mine, theirs in zip(dst.layers, _layers(src)):
-        mine.keys[:, :, :upto] = theirs.keys[..., :upto, :]
-        mine.values[:, :, :upto] = theirs.values[..., :upto, :]
-    dst.length = upto
 
 
 def nbytes(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> int:

@@ -46,10 +46,11 @@ class PrefixCache:
     def hit_ratio(self) -> float:
         return self.hits / self.lookups if self.lookups else 0.0
 
-    def lookup(self, model, ids: list[int], capacity: int | None = None):
-        """Return (a fresh cache seeded with the longest shared prefix, its length) or (None, 0).
+    def lookup(self, model, ids: list[int], capacity: int | None = None, into=None):
+        """Return (a cache seeded with the longest shared prefix, its length) or (None, 0).
 
-        `capacity`: the request's KV-buffer size (None: a growing DynamicCache)."""
+        `capacity`: the request's KV-buffer size (None: a growing DynamicCache); `into`: an empty cache
+        to seed instead of a fresh one (the request's own buffer)."""
         query = torch.tensor(ids, dtype=torch.long)
         with self._lock:
             self.lookups += 1
@@ -66,7 +67,7 @@ class PrefixCache:
             self._entries.move_to_end(best_key)
             entry = self._entries[best_key]
             self.hits += 1
-            return kv_cache.restore(model, entry.kv, best_n, capacity), best_n
+            return kv_cache.restore(model, entry.kv, best_n, capacity, into), best_n
 
     def insert(self, ids: list[int], cache) -> None:
         """Store the KV of the whole prompt (the cache must hold at least len(ids) positions)."""

@@ -76,22 +76,14 @@ class TargetModel:
         self.graphs = Graphs(self, capture)
         return True
 
-    def new_cache(self, slots: int | None, prefix=None, hit: int = 0) -> tuple[object, int]:
-        """A request's KV buffer for `slots` (None: HF's growing cache) -> (cache, committed entries).
-
-        prefix: a prefix-cache hit holding `hit` committed entries, used as it is or copied over. With
-        CUDA graphs the buffer is their pooled one, lent to this request until `release`.
-        """
+    def new_cache(self, slots: int | None):
+        """A request's empty KV buffer for `slots` (None: HF's growing cache). With CUDA graphs it is
+        their pooled one where one is free, lent to this request until `release`."""
         if slots is not None and self.graphs is not None:
             lent = self.graphs.cache(slots)
             if lent is not None:
-                if prefix is None:
-                    return lent, 0
-                kv_cache.copy_prefix(prefix, lent, hit)  # the captured forwards write their own buffer
-                return lent, hit
-        if prefix is not None:
-            return prefix, hit
-        return kv_cache.new_cache(self.model, None if slots is None else kv_cache.bucket(slots)), 0
+                return lent
+        return kv_cache.new_cache(self.model, None if slots is None else kv_cache.bucket(slots))
 
     def release(self, cache, failed: bool = False) -> None:
         """A request is done with its cache: a pooled one goes back to the pool (zeroed if it `failed`)."""

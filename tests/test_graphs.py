@@ -43,7 +43,7 @@ def test_graphed_forward_equals_eager(arch, models):
     for n in (1, 2, 5, 9, 17, 26, 40):
         tree = build_tree(PRESETS["default"][: n - 1]) if n > 1 else None
         toks = torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(n))
-        pooled, _ = target.new_cache(100)
+        pooled = target.new_cache(100)
         assert target.graphs.owns(pooled)
         target.forward(prompt, pooled)
         got = target.forward(toks, pooled, *((tree.ancestor_mask, tree.depth_t) if tree else ()))
@@ -87,7 +87,7 @@ def test_after_any_commits_the_buffer_equals_a_fresh_prefill(llama):
     target = graphed(llama, heads=None).engine.target
     gen = torch.Generator().manual_seed(0)
     committed = list(PROMPTS[1])
-    cache, _ = target.new_cache(200)
+    cache = target.new_cache(200)
     assert target.graphs.owns(cache)
     target.forward(torch.tensor(committed), cache)
     tree = build_tree(PRESETS["default"])
@@ -116,7 +116,7 @@ def test_after_any_commits_the_buffer_equals_a_fresh_prefill(llama):
 def test_a_round_past_the_buffer_runs_eagerly(llama, monkeypatch):
     """At the capacity boundary, a round whose bucket would not fit runs eagerly in the same buffer, exactly."""
     target = graphed(llama, heads=None).engine.target
-    cache, _ = target.new_cache(200)  # 256 slots, every bucket captured
+    cache = target.new_cache(200)  # 256 slots, every bucket captured
     replays = []
     call = captured.Forward.__call__
     monkeypatch.setattr(captured.Forward, "__call__", lambda self, rows: replays.append(self.tokens) or call(self, rows))
@@ -140,7 +140,7 @@ def test_pool_lends_its_buffers_one_request_each(llama):
     for s in held:
         next(s)  # each holds a pooled buffer
     assert sum(r() is not None for r in graphs._lent.values()) == graphs_mod.POOL_SIZE
-    extra, _ = engine.target.new_cache(40)
+    extra = engine.target.new_cache(40)
     assert not graphs.owns(extra)  # all lent: its own buffer, eager
     assert tokens(engine.stream(GenerationRequest(PROMPTS[0], 24, tree="default"))) == ref
     outs = [[t.token_id for t in ev.emitted] for s in held for ev in s]  # the rest of each stream
@@ -149,7 +149,7 @@ def test_pool_lends_its_buffers_one_request_each(llama):
     stopped = engine.stream(GenerationRequest(PROMPTS[0], 24, tree="default"))
     next(stopped)
     stopped.close()  # a consumer that lets go early gives its buffer back too
-    got = [engine.target.new_cache(40)[0] for _ in range(graphs_mod.POOL_SIZE)]
+    got = [engine.target.new_cache(40) for _ in range(graphs_mod.POOL_SIZE)]
     assert all(graphs.owns(c) for c in got)
 
 
