@@ -124,7 +124,7 @@ class Batch:
         last = len(self.members) - 1
         if not self.batched:  # its own buffer: a pooled one goes back (zeroed after a failure)
             self.engine.target.release(m.run.cache, failed)
-        if self.batched:
+        else:
             if failed:  # its stale slots may hold NaN, which would spread through a masked score
                 self.cache.clear(i)
             if i != last:
@@ -314,7 +314,6 @@ class Batch:
     def _hook(self, m: Member, step: str) -> None:
         if self.fault_hook is not None:
             self.fault_hook(m.rid, m.index, step)
-
 
 
 def chaos(fraction: float, at_round: int = 3) -> FaultHook:

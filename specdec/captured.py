@@ -113,7 +113,7 @@ class Forward:
         self.io = torch.zeros(B, 3 + Tb, Tb, dtype=torch.long, device=dev)
         # The copy from `stage` is asynchronous: the next round must not rewrite `stage` before it is done.
         self.copied = torch.cuda.Event() if dev.type == "cuda" else None
-        self.rows, self.tokens, self.capacity = B, Tb, C
+        self.rows, self.tokens = B, Tb
         key_slot = torch.arange(C, device=dev)  # [C]
         neg = torch.finfo(target.dtype).min
         zero = torch.zeros((), dtype=target.dtype, device=dev)

@@ -203,8 +203,9 @@ class Engine:
         most_nodes = (plan.tree.num_nodes + req.lookup) if plan.tree is not None else 1
         if policy is not None:
             most_nodes = policy.max_nodes + req.lookup
-        # A captured forward pads a round of N nodes to its bucket (< 2N), so leave room for that too.
-        slots = len(plan.ids) + req.max_new_tokens + 2 * most_nodes if target.slots else None
+        # A captured forward pads a round of N nodes to its bucket (< 2N): with graphs, room for that too.
+        room = most_nodes * (2 if target.graphs is not None else 1)
+        slots = len(plan.ids) + req.max_new_tokens + room if target.slots else None
         cache, hit = target.new_cache(slots), 0
         if self.prefix_cache is not None:  # seeds the request's own buffer (a pooled one: what the graphs write)
             _, hit = self.prefix_cache.lookup(target.model, plan.ids, into=cache)

@@ -97,14 +97,10 @@ class Graphs:
         return RecordedReplay(fn, state, _STATE[type(state)] if state is not None else ())
 
     # -- the pooled KV buffers ---------------------------------------------------------
-    def capacity(self, slots: int) -> int:
-        """The pooled capacity for a request that needs `slots` (prompt + new tokens + its largest round)."""
-        return kv_cache.bucket(slots, CAPACITY_STEP)
-
     @torch.inference_mode()
     def cache(self, slots: int) -> kv_cache.SlotCache | None:
         """An empty cache over a pooled buffer for `slots`, lent until it is released or dropped; None if all are lent."""
-        C = self.capacity(slots)
+        C = kv_cache.bucket(slots, CAPACITY_STEP)  # slots: prompt + new tokens + room for the largest round
         with self._lock:
             key = next(((C, j) for j in range(POOL_SIZE) if self._lent.get((C, j)) is None
                         or self._lent[(C, j)]() is None), None)

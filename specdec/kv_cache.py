@@ -25,6 +25,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+
 def _allocate(layer: CacheLayerMixin, rows: int, capacity: int, key_states: torch.Tensor,
               value_states: torch.Tensor) -> None:
     """Give a layer its zeroed buffers, [rows, kv_heads, capacity, head_dim], shaped like the first step's states.
@@ -161,16 +162,13 @@ class _RowsLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         o = self.owner
         b, Hk, T, D = key_states.shape  # [b, Hk, T, D]
-        if o.write_index is not None:  # a captured forward over rows [0, b): slots given on the device
-            slots, keys, values = o.write_index, self.keys[:b], self.values[:b]
-            keys.scatter_(2, slots[:, None, :, None].expand(b, Hk, T, D), key_states)
-            values.scatter_(2, slots[:, None, :, None].expand(b, Hk, T, value_states.shape[-1]), value_states)
-            return keys, values
-        slots = o.slots(T, key_states.device)  # [b, T]
-        keys, values = self.keys[o.lo : o.lo + b], self.values[o.lo : o.lo + b]  # views of the rows in this forward
+        captured = o.write_index is not None  # a captured forward over rows [0, b): slots given on the device
+        lo, width = (0, self.keys.shape[2]) if captured else (o.lo, o.width)
+        slots = o.write_index if captured else o.slots(T, key_states.device)  # [b, T]
+        keys, values = self.keys[lo : lo + b], self.values[lo : lo + b]  # views of the rows in this forward
         keys.scatter_(2, slots[:, None, :, None].expand(b, Hk, T, D), key_states)
         values.scatter_(2, slots[:, None, :, None].expand(b, Hk, T, value_states.shape[-1]), value_states)
-        return keys[:, :, : o.width], values[:, :, : o.width]
+        return keys[:, :, :width], values[:, :, :width]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.owner.width, 0
