@@ -10,6 +10,7 @@ from typing import Callable
 
 import torch
 
+from . import cost
 from .engine import Engine
 from .events import RoundEvent
 from .heads import MedusaHeads, random_heads
@@ -94,7 +95,7 @@ def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
 
 def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix_cache=None,
          cost_cache: str | None | bool = None, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
-         cuda_graphs: bool | None = None) -> Loaded:
+         cuda_graphs: bool | None = None, heads_dtype=None) -> Loaded:
     """Load a target model and its Medusa heads.
 
     Args:
@@ -115,6 +116,10 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
         cuda_graphs: replay captured CUDA graphs of the target forward and the heads (`specdec.graphs`);
             None (default) turns them on where the model runs on CUDA. True on another device is refused.
             A forward that cannot be captured runs eagerly, with a log line.
+        heads_dtype: the dtype the heads' vocabulary projections are stored in (a torch dtype or name).
+            None (default): on a CPU the fastest of the model's dtype, bfloat16 and float16, measured
+            at load (`cost.fastest_projection_dtype`, ~0.2 s); elsewhere the model's dtype. A head only
+            proposes tokens, so its precision changes speed and acceptance, never the output.
     """
     if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 1:
         raise ValueError(f"`max_batch_size` must be an integer >= 1, got {max_batch_size!r}")
@@ -124,6 +129,10 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
         raise ValueError(f"`cost_cache` must be None, True, False or a folder path, got {cost_cache!r}")
     if isinstance(cost_cache, (str, os.PathLike)) and os.path.isfile(cost_cache):
         raise ValueError(f"`cost_cache` must be a folder, but {str(cost_cache)!r} is a file")
+    if heads_dtype is not None and not (isinstance(heads_dtype, torch.dtype) and heads_dtype.is_floating_point) \
+            and heads_dtype not in _DTYPES:
+        raise ValueError(f"`heads_dtype` must be None, a floating torch dtype or one of {sorted(_DTYPES)}, "
+                         f"got {heads_dtype!r}")
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
     from transformers.utils import logging as hf_logging
 
@@ -168,6 +177,11 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
         head_mod = random_heads(hf_model)
     else:
         head_mod, tree_paths, _ = read_heads(heads_folder(str(heads)), hf_model)
+    if head_mod is not None:
+        if heads_dtype is not None:
+            head_mod.store_projections(resolve_dtype(heads_dtype, target.device))
+        elif target.device.type == "cpu":
+            head_mod.store_projections(cost.fastest_projection_dtype(target, head_mod))
     if cost_cache is True:
         cost_cache = os.environ.get("SPECDEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "specdec")
     engine = Engine(target, head_mod, tokenizer, tree_paths, prefix_cache, cost_cache=cost_cache or None)

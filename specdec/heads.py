@@ -80,22 +80,48 @@ class MedusaHeads(nn.Module):
         own way (the bench's oracle looks things up on the host) runs eagerly."""
         return type(self).forward is MedusaHeads.forward and type(self).first is MedusaHeads.first
 
+    @property
+    def projection_dtype(self) -> torch.dtype:
+        """The dtype the vocabulary projections are stored and computed in (the target's, when shared)."""
+        head = self._shared[0] if self.config.shared_lm_head else self.lm_heads[0]
+        return head.weight.dtype
+
+    def store_projections(self, dtype: torch.dtype) -> None:
+        """Keep the K vocabulary projections in `dtype`; logits still come out in the blocks' dtype.
+
+        A head is a draft: its rounding changes which tokens are proposed, never what the verifier
+        accepts, so its precision is a speed choice. On a CPU the K projections are memory-bound
+        matrix-vector products over K x V x H weights that the target's forward has just pushed out
+        of cache, and half-width weights move half the bytes (`cost.fastest_projection_dtype`
+        measures which is fastest). Shared heads use the target's own lm_head and are left alone.
+        """
+        if not self.config.shared_lm_head:
+            with torch.inference_mode(False), torch.no_grad():  # parameters, never inference tensors
+                self.lm_heads.to(dtype)
+
     def project(self, k: int, x: torch.Tensor) -> torch.Tensor:
+        """Head k's vocabulary projection of x [..., H] -> [..., V], in x's dtype."""
         head = self._shared[0] if self.config.shared_lm_head else self.lm_heads[k]
-        return head(x)
+        w = head.weight
+        if w.dtype == x.dtype:
+            return head(x)
+        if w.dtype == torch.float16:  # fp16 has a narrow range: a huge activation or logit must not become NaN
+            big = torch.finfo(torch.float16).max
+            return torch.nan_to_num(head(x.clamp(-big, big).to(w.dtype)).to(x.dtype))
+        return head(x.to(w.dtype)).to(x.dtype)
 
     def first(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
         """The first k heads' logits only (a cheap probe). [H] -> [k, V]"""
         if type(self).forward is not MedusaHeads.forward or self.config.shared_lm_head or k >= self.config.num_heads:
             return self(hidden)[:k]  # a subclass computes its own way; shared heads cost one pass anyway
         x = torch.stack([blk(hidden) for blk in self.blocks[:k]])  # [k, H]
-        return torch.stack([head(x[i]) for i, head in enumerate(self.lm_heads[:k])])
+        return torch.stack([self.project(i, x[i]) for i in range(k)])
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         x = torch.stack([blk(hidden) for blk in self.blocks])  # [K, ..., H]
         if self.config.shared_lm_head:
             return self._shared[0](x)  # one pass over the shared vocabulary matrix, not K
-        return torch.stack([head(x[k]) for k, head in enumerate(self.lm_heads)])
+        return torch.stack([self.project(k, x[k]) for k in range(self.config.num_heads)])
 
     # -- persistence -------------------------------------------------------
     def save(self, directory: str | Path, tree_paths: list[tuple[int, ...]] | None = None,

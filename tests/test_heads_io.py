@@ -94,7 +94,7 @@ def test_fasterdecoding_checkpoint_gives_the_reference_logits(model, tmp_path, s
     w = synthetic(num_heads=3, num_layers=2)
     write_fasterdecoding(tmp_path / "ckpt", w, config_heads=2, suffix=suffix)
     assert detect_format(tmp_path / "ckpt") == "medusa"
-    loaded = specdec.load(model, heads=str(tmp_path / "ckpt"))
+    loaded = specdec.load(model, heads=str(tmp_path / "ckpt"), heads_dtype="float32")
     assert loaded.heads.config.num_heads == 3  # from the weights, not the config's 2
     assert loaded.heads.config.num_layers == 2
     for h in hidden_states():
@@ -106,7 +106,7 @@ def test_vllm_checkpoint_gives_the_reference_logits(model, tmp_path, bias):
     w = synthetic(num_heads=4, num_layers=1, bias=bias)
     write_vllm(tmp_path / "ckpt", w, bias=bias)
     assert detect_format(tmp_path / "ckpt") == "vllm"
-    loaded = specdec.load(model, heads=str(tmp_path / "ckpt"))
+    loaded = specdec.load(model, heads=str(tmp_path / "ckpt"), heads_dtype="float32")
     assert (loaded.heads.config.num_heads, loaded.heads.config.num_layers) == (4, 1)
     for h in hidden_states():
         torch.testing.assert_close(loaded.heads(h), reference_logits(w, h), atol=1e-5, rtol=1e-5)
@@ -114,7 +114,7 @@ def test_vllm_checkpoint_gives_the_reference_logits(model, tmp_path, bias):
 
 def test_five_head_medusa_checkpoint_runs_with_mc_sim_7b_63_and_stays_exact(model, tmp_path):
     write_fasterdecoding(tmp_path / "ckpt", synthetic(num_heads=5, num_layers=1))
-    loaded = specdec.load(model, heads=str(tmp_path / "ckpt"))
+    loaded = specdec.load(model, heads=str(tmp_path / "ckpt"), heads_dtype="float32")
     assert loaded.tree_paths == list(MC_SIM_7B_63)
     out = specdec.generate(loaded, prompt_ids=PROMPTS[1], max_new_tokens=24, eos_token_id=None, lookup=0,
                            tree="trained")
@@ -128,26 +128,26 @@ def test_heads_for_another_model_name_both_sizes(model, tmp_path):
     write_vllm(tmp_path / "ckpt", w)
     with pytest.raises(ValueError, match=rf"hidden_size={H}, vocab_size={V + 4}, but the model has "
                                          rf"hidden_size={H}, vocab_size={V}"):
-        specdec.load(model, heads=str(tmp_path / "ckpt"))
+        specdec.load(model, heads=str(tmp_path / "ckpt"), heads_dtype="float32")
 
 
 def test_unknown_folders_keys_and_pickles_are_refused(model, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="holds no heads checkpoint"):
-        specdec.load(model, heads=str(tmp_path / "empty"))
+        specdec.load(model, heads=str(tmp_path / "empty"), heads_dtype="float32")
     w = synthetic(num_heads=2, num_layers=1)
     write_fasterdecoding(tmp_path / "extra", w)
     state = {"0.0.linear.weight": w["W"][0][0], "0.0.linear.bias": w["b"][0][0], "0.1.weight": w["P"][0],
              "surprise": torch.zeros(3)}
     save_file(state, str(tmp_path / "extra" / "medusa_lm_head.safetensors"))
     with pytest.raises(ValueError, match="does not define.*surprise"):
-        specdec.load(model, heads=str(tmp_path / "extra"))
+        specdec.load(model, heads=str(tmp_path / "extra"), heads_dtype="float32")
     (tmp_path / "pickle").mkdir()
     torch.save({"0.1.weight": w["P"][0], "payload": Exception("not a tensor")}, tmp_path / "pickle" / "medusa_lm_head.pt")
     with pytest.raises(ValueError, match="cannot read"):  # weights_only refuses arbitrary objects
-        specdec.load(model, heads=str(tmp_path / "pickle"))
+        specdec.load(model, heads=str(tmp_path / "pickle"), heads_dtype="float32")
     with pytest.raises(ValueError, match="does not exist"):
-        specdec.load(model, heads=str(tmp_path / "missing" / "x"))
+        specdec.load(model, heads=str(tmp_path / "missing" / "x"), heads_dtype="float32")
 
 
 @pytest.mark.parametrize("fmt", ["vllm", "medusa", "specdec"])
@@ -161,7 +161,7 @@ def test_export_then_load_is_exact(model, tmp_path, fmt, shared):
     tree = [(0,), (1,), (0, 0), (0, 0, 0)]
     write_heads(heads, tmp_path / fmt, fmt, tree=tree)
     assert detect_format(tmp_path / fmt) == fmt
-    back = specdec.load(model, heads=str(tmp_path / fmt))
+    back = specdec.load(model, heads=str(tmp_path / fmt), heads_dtype="float32")
     assert back.tree_paths == tree
     for k in range(3):  # every weight comes back bit for bit
         assert torch.equal(back.heads.project(k, torch.eye(H)), heads.project(k, torch.eye(H)))
