@@ -142,8 +142,17 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """Draw one token id from a [V] distribution."""
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    """Draw one token id from a [V] distribution (non-negative, not necessarily normalised).
+
+    Inverse-CDF sampling with one float64 uniform: token i is drawn with probability p_i / sum(p)
+    up to float64 rounding, and a token with p_i = 0 never is (the first index whose cumulative
+    mass exceeds u * sum lies where mass was added). `torch.multinomial` draws from the same law
+    but cost ~75 us per [4096] row on a CPU, more than the rest of a sampling step; this is ~10.
+    """
+    cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)  # [V]
+    u = torch.rand(1, generator=generator, dtype=torch.float64, device=probs.device)  # [1] in [0, 1)
+    # u < 1 makes u * total < total in float64, so an index always exists: no clamp needed.
+    return int(torch.searchsorted(cdf, u * cdf[-1:], right=True).item())
 
 
 def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> tuple[int, float]:

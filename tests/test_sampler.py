@@ -332,3 +332,41 @@ def test_greedy_verification_of_overflowed_rows_has_finite_probabilities():
     v = verify_greedy([1, 4, 5], tree, logits)
     assert v.accepted[:2] == (0, 1) and v.target_prob[1] == 1.0
     assert all(p == p for p in v.target_prob.values()) and v.next_prob == v.next_prob
+
+
+def _inverse_cdf_ignoring_the_total(probs, generator):
+    """A planted bug: the uniform is not scaled by the law's total (right only for a normalised law)."""
+    cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)
+    u = torch.rand(1, generator=generator, dtype=torch.float64)
+    return int(torch.searchsorted(cdf, u, right=True).clamp_max(probs.shape[-1] - 1).item())
+
+
+@pytest.mark.parametrize("bug", [False, True])
+def test_sample_follows_an_unnormalised_law_with_zeros(bug):
+    """`sample` draws p / sum(p) exactly (chi-square), never a zero-mass token, and the test catches a
+    sampler that ignores the total (the residual law after rejections is passed unnormalised)."""
+    from scipy.stats import chisquare
+
+    p = torch.tensor([0.0, 0.3, 0.0, 0.1, 0.5, 0.0, 0.6, 0.0])  # sums to 1.5, zeros at both ends
+    draw = _inverse_cdf_ignoring_the_total if bug else sample
+    g = torch.Generator().manual_seed(5)
+    n = 6000
+    counts = torch.bincount(torch.tensor([draw(p, g) for _ in range(n)]), minlength=8).double()
+    support = p > 0
+    expected = p[support].double() / p[support].double().sum() * n
+    pvalue = chisquare(counts[support].numpy(), expected.numpy()).pvalue
+    if bug:
+        assert pvalue < 1e-6
+    else:
+        assert counts[~support].sum() == 0
+        assert pvalue > 1e-3
+
+
+def test_sample_is_seeded_and_takes_the_only_token_of_a_one_token_law():
+    p = torch.zeros(4096)
+    p[4095] = 1e-30  # the last token, with a mass near float32's floor
+    assert sample(p, torch.Generator().manual_seed(0)) == 4095
+    row = torch.randn(4096, generator=torch.Generator().manual_seed(1)).softmax(-1)
+    a = [sample(row, g) for g in [torch.Generator().manual_seed(3)] for _ in range(20)]
+    b = [sample(row, g) for g in [torch.Generator().manual_seed(3)] for _ in range(20)]
+    assert a == b
