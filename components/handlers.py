@@ -47,6 +47,8 @@ def tree_choices(info: dict) -> list[tuple[str, str]]:
 def model_line(info: dict, name: str = "") -> str:
     """One Markdown line on what runs: model, size, dtype, device, CUDA graphs, heads and prefix cache."""
     heads = f"{info['heads']} Medusa heads" if info["heads"] else "no draft heads"
+    if info["heads"] and info.get("heads_dtype") not in (None, info["dtype"]):  # stored narrower for speed
+        heads += f" ({info['heads_dtype']} projections)"
     cache = info["prefix_cache"]
     cache = f" · prefix cache {cache['max_bytes'] / 2**20:.0f} MiB" if cache is not None else ""
     graphs = " · CUDA graphs" if info.get("cuda_graphs") is not None else ""

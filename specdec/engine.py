@@ -128,6 +128,8 @@ class Engine:
             "device_type": self.target.device.type,
             "context": self.target.max_length,  # None: no limit known
             "heads": self.heads.config.num_heads if self.heads is not None else 0,
+            # what the heads' vocabulary projections are stored in (on a CPU, measured at load: `specdec.load`)
+            "heads_dtype": str(self.heads.projection_dtype).replace("torch.", "") if self.heads is not None else None,
             "trees": {name: self.resolve_tree(name).num_nodes for name in names},  # static presets: nodes, root included
             "cuda_graphs": None if self.target.graphs is None else self.target.graphs.info(),
             "prefix_cache": None if cache is None else {  # its budget, and how full and useful it is now

@@ -156,3 +156,7 @@ def test_model_line_says_what_runs(loaded_llama):
     assert "**tiny**" in line and "float32" in line and "cpu" in line and "Medusa heads" in line
     assert "CUDA graphs" not in line
     assert "· CUDA graphs ·" in model_line({**info, "cuda_graphs": {"mode": "cuda"}}, "tiny")
+    assert info["heads_dtype"] == str(loaded_llama.heads.projection_dtype).replace("torch.", "")
+    half = model_line({**info, "heads_dtype": "float16"}, "tiny")
+    assert "Medusa heads (float16 projections)" in half  # the app says when the heads run narrower
+    assert "projections" not in model_line({**info, "heads_dtype": info["dtype"]}, "tiny")
