@@ -349,7 +349,7 @@ def test_batched_graphs_negative_control_queries_see_every_new_slot(monkeypatch)
 
     monkeypatch.setattr(captured.Forward, "fill", leaky)
     model = make_model("llama", vocab=ts.V, seed=3, init=0.2)
-    counts = ts.mixed_counts(model, ts.N_MIXED // 3, seed0=60_000)
+    counts = ts.mixed_counts(model, ts.N_MIXED // 2, seed0=60_000)
     assert ts.chi2_pvalue(counts["a"], ts.joint_after_first(model, ts.KINDS["a"])) < ts.FAIL_P
 
 
