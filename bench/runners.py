@@ -16,7 +16,9 @@ from .config import BenchConfig
 from .methods import Method
 from .oracle import OracleHeads
 
-STAGES = ("draft", "forward", "verify", "cache", "event", "other")  # "other": inside the round, untimed by the engine
+# "rows": the target's vocabulary projection of the rows verification reads (timed apart from "verify");
+# "other": inside the round, untimed by the engine
+STAGES = ("draft", "forward", "rows", "verify", "cache", "event", "other")
 
 
 @dataclass

@@ -188,7 +188,7 @@ def round_markdown(ev: RoundEvent | None) -> str:
         f"T={p['temperature']:g}, top-k {p['top_k'] or 'off'}, top-p {p['top_p']:g}, min-p {p['min_p']:g}"
     rule = rule_label(ev.acceptance)
     t = ev.timings
-    times = ", ".join(f"{k} {t[k]:.1f} ms" for k in ("draft", "forward", "verify", "total") if k in t)
+    times = ", ".join(f"{k} {t[k]:.1f} ms" for k in ("draft", "forward", "rows", "verify", "total") if k in t)
     head = "prefill" if ev.index == 0 else f"{len(ev.nodes) - 1 if ev.nodes else 0} drafts"
     looked_up = sum(1 for n in ev.nodes if n.source == "lookup")
     if looked_up:

@@ -197,20 +197,24 @@ class Batch:
         hidden = self._forward(members, drafts, outcome)
         forward_ms = (time.perf_counter() - t0) * 1e3
         t0 = time.perf_counter()
-        verdicts = self._verify_greedy(drafts, params, hidden)
+        verdicts, rows_ms = self._verify_greedy(drafts, params, hidden)
         shared_ms = (time.perf_counter() - t0) * 1e3 / max(len(verdicts), 1)
+        rows_ms /= max(len(verdicts), 1)
         for i, m in enumerate(members):
             if i in outcome:
                 continue
             clock = clocks[i]
             clock.ms["forward"] = forward_ms
-            clock.last = time.perf_counter() - shared_ms / 1e3 * (i in verdicts)  # its share of the joint verify
+            if i in verdicts:  # its share of the joint verify: the vocabulary rows, then the walk
+                clock.ms["rows"] = rows_ms
+            clock.last = time.perf_counter() - (shared_ms - rows_ms) / 1e3 * (i in verdicts)
             outcome[i] = self._finish(m, drafts[i], hidden[i], params[i], clock, size=b, verdict=verdicts.get(i))
         return [(m, outcome[i]) for i, m in enumerate(members)]
 
     def _verify_greedy(self, drafts: dict[int, Draft], params: dict[int, SamplingParams],
-                       hidden: dict[int, torch.Tensor]) -> dict[int, Verdict]:
-        """Step 3 for the greedy members, together: the verdicts `Engine._verify` would give each alone.
+                       hidden: dict[int, torch.Tensor]) -> tuple[dict[int, Verdict], float]:
+        """Step 3 for the greedy members, together: the verdicts `Engine._verify` would give each alone,
+        and the milliseconds the vocabulary rows took (the engine's "rows" lap).
 
         A member joins when its params are greedy and its tree is one the engine verifies from all
         its rows at once (`verifier.all_rows_at_once`: on a CPU, small trees; bigger ones compute rows
@@ -218,14 +222,16 @@ class Batch:
         """
         live = [i for i in hidden if params[i].greedy and all_rows_at_once(drafts[i].tree.num_nodes, hidden[i].device)]
         if len(live) < 2:
-            return {}
+            return {}, 0.0
         try:
             with torch.inference_mode():
+                t0 = time.perf_counter()
                 logits = self.engine.target.logits(torch.cat([hidden[i] for i in live]))  # [sum N_i, V]
+                rows_ms = (time.perf_counter() - t0) * 1e3
                 out = verify_greedy_batch([(drafts[i].tokens, drafts[i].tree) for i in live], logits)
         except Exception:  # noqa: BLE001 (each member then verifies alone, where a fault stays its own)
-            return {}
-        return dict(zip(live, out))
+            return {}, 0.0
+        return dict(zip(live, out)), rows_ms
 
     def _forward(self, members: list[Member], drafts: dict[int, Draft], outcome: dict) -> dict[int, torch.Tensor]:
         """Step 2 for the whole batch -> each live member's hidden rows [N_i, H]; failures go to `outcome`."""
@@ -290,7 +296,7 @@ class Batch:
         try:
             self._hook(m, "verify")
             if verdict is None:
-                verdict = eng._verify(run, draft, hidden, params)
+                verdict = eng._verify(run, draft, hidden, params, clock)
             clock.lap("verify")
             step = "commit"
             self._hook(m, "commit")

@@ -180,7 +180,7 @@ class Engine:
             clock.lap("draft")
             hidden = self._forward(run, draft)
             clock.lap("forward")
-            verdict = self._verify(run, draft, hidden, params)
+            verdict = self._verify(run, draft, hidden, params, clock)
             clock.lap("verify")
             emitted = self._commit(run, draft, verdict, hidden)
             clock.lap("cache")
@@ -281,18 +281,31 @@ class Engine:
         return self.target.forward(torch.tensor(draft.tokens, dtype=torch.long), run.cache, tree.ancestor_mask,
                                    tree.depth_t)
 
-    def _verify(self, run: "RunState", draft: "Draft | None", hidden: torch.Tensor, params: SamplingParams) -> Verdict:
-        """Step 3: the accepted path and the target's own next token (pure given the logits and generator)."""
+    def _verify(self, run: "RunState", draft: "Draft | None", hidden: torch.Tensor, params: SamplingParams,
+                clock: Stopwatch | None = None) -> Verdict:
+        """Step 3: the accepted path and the target's own next token (pure given the logits and generator).
+
+        With a `clock`, the target's vocabulary projection of the rows it reads is timed apart, as "rows":
+        it is the target model's compute, not verification's.
+        """
         tree = draft.tree if draft is not None else ROOT_ONLY
         tokens = draft.tokens if draft is not None else [run.plan.ids[-1]]
         rule = run.plan.rule(params)
         rule = "lossless" if rule == "plain" else rule  # a one-node tree: every rule samples p at the root
+        lap = clock.lap if clock is not None else (lambda name: None)
+
+        def rows(x: torch.Tensor) -> torch.Tensor:
+            lap("verify")  # verification's own work up to here
+            logits = self.target.logits(x)
+            lap("rows")
+            return logits
+
         with torch.inference_mode():
             if params.greedy:  # the "greedy" rule, and plain decoding at temperature 0
                 if all_rows_at_once(tree.num_nodes, hidden.device):  # one product, two host syncs
-                    return verify_greedy(tokens, tree, self.target.logits(hidden))
+                    return verify_greedy(tokens, tree, rows(hidden))
             # rows on demand: sampling visits few nodes and filters each row anyway
-            return verify(tokens, tree, lambda i: self.target.logits(hidden[i]), params, rule, run.gen)
+            return verify(tokens, tree, lambda i: rows(hidden[i]), params, rule, run.gen)
 
     def _commit(self, run: "RunState", draft: "Draft | None", verdict: Verdict, hidden: torch.Tensor
                 ) -> tuple[EmittedToken, ...]:

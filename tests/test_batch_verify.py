@@ -100,8 +100,11 @@ def test_greedy_members_are_verified_together_and_decode_as_alone(models, monkey
     requests.append(GenerationRequest(PROMPTS[0], 20, sampled, tree="default", lookup=0, eos_token_id=None))
     with Scheduler(loaded.engine, max_batch_size=len(requests)) as s:
         tickets = [s.submit(r) for r in requests]
-        out = [[t.token_id for e in tk for t in e.emitted] for tk in tickets]
+        events = [list(tk) for tk in tickets]
+        out = [[t.token_id for e in evs for t in e.emitted] for evs in events]
     assert calls and max(calls) >= 4, "greedy members must share a verification"
+    # every round times the target's vocabulary rows apart from verification, jointly verified or alone
+    assert all(e.timings.get("rows", 0.0) > 0 for evs in events for e in evs)
     solo = [[t.token_id for e in loaded.engine.stream(r) for t in e.emitted] for r in requests]
     assert out[:-1] == solo[:-1]
     assert len(out[-1]) == 20  # the sampled request verified alone, by its own rule
