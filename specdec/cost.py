@@ -254,13 +254,17 @@ def _measure(engine: "Engine", cache, ids: torch.Tensor, ctx: int, deadline: flo
     return CostModel(tuple(nodes), tuple(times), heads_s, overhead_s, model_key(engine), verify_s, drafted_s)
 
 
-@torch.no_grad()  # not inference_mode: the heads' parameters are converted here
+@torch.no_grad()  # not inference_mode: the copies swapped into the heads' parameters must be ordinary tensors
 def fastest_projection_dtype(target: "TargetModel", heads: "MedusaHeads", reps: int = 12,
-                             margin: float = 0.9) -> torch.dtype:
+                             margin: float = 0.9, budget_s: float = 1.0) -> torch.dtype:
     """The storage dtype (the heads' own, bfloat16 or float16) in which the heads' K vocabulary
     projections run fastest here, timed as a round runs them: right after a target forward has
     pulled its own weights through the caches. Another dtype must beat the heads' own by
-    `1 - margin` to be chosen, so noise alone never switches. About 0.2 s for the embedded model.
+    `1 - margin` to be chosen, so noise alone never switches.
+
+    Candidates are timed from converted copies, interleaved, for up to `reps` passes or `budget_s`
+    seconds (at least two passes after the warm-up); the heads get their own tensors back untouched,
+    so a choice of their own dtype loses nothing. About 0.2 s for the embedded model.
     """
     own = heads.projection_dtype
     if heads.config.shared_lm_head:
@@ -271,23 +275,27 @@ def fastest_projection_dtype(target: "TargetModel", heads: "MedusaHeads", reps: 
     def a_round() -> None:  # a forward, its vocabulary rows and their argmax, as a greedy round does
         target.logits(target.forward(ids, kv_cache.new_cache(target.model))).argmax(-1).tolist()
 
+    saved = heads.projection_weights()
     times: dict[torch.dtype, list[float]] = {}
-    candidates = [d for d in (own, torch.bfloat16, torch.float16) if d.itemsize <= own.itemsize]
+    deadline = time.perf_counter() + budget_s
     try:
+        weights = {d: [w.to(d) for w in saved] if d != own else saved
+                   for d in (own, torch.bfloat16, torch.float16) if d.itemsize <= own.itemsize}
         for rep in range(reps + 1):  # interleaved, so a busy moment hits every candidate alike
-            for dtype in dict.fromkeys(candidates):
-                heads.store_projections(dtype)
+            for dtype, ws in weights.items():
+                heads.use_projection_weights(ws)
                 a_round()
                 t = _timed(lambda: heads(hidden).float().argmax(-1).tolist())
                 if rep:  # the first pass warms up
                     times.setdefault(dtype, []).append(t)
+            if rep >= 2 and time.perf_counter() > deadline:
+                break
     except RuntimeError:  # a dtype this build cannot multiply in: keep the heads' own
-        heads.store_projections(own)
         return own
+    finally:
+        heads.use_projection_weights(saved)
     best = min(times, key=lambda d: statistics.median(times[d]))
-    choice = best if statistics.median(times[best]) < margin * statistics.median(times[own]) else own
-    heads.store_projections(own)
-    return choice
+    return best if statistics.median(times[best]) < margin * statistics.median(times[own]) else own
 
 
 def _overhead(engine: "Engine", prompt: list[int]) -> float:

@@ -99,6 +99,16 @@ class MedusaHeads(nn.Module):
             with torch.inference_mode(False), torch.no_grad():  # parameters, never inference tensors
                 self.lm_heads.to(dtype)
 
+    def projection_weights(self) -> list[torch.Tensor]:
+        """The K projections' weight tensors as stored now ([V, H] each); [] for shared heads."""
+        return [] if self.config.shared_lm_head else [head.weight.data for head in self.lm_heads]
+
+    def use_projection_weights(self, weights: list[torch.Tensor]) -> None:
+        """Run the projections from these [V, H] tensors (any dtype) without copying them, e.g. to time a
+        converted copy and then put the very tensors of `projection_weights()` back."""
+        for head, w in zip(self.lm_heads if not self.config.shared_lm_head else [], weights):
+            head.weight.data = w
+
     def project(self, k: int, x: torch.Tensor) -> torch.Tensor:
         """Head k's vocabulary projection of x [..., H] -> [..., V], in x's dtype."""
         head = self._shared[0] if self.config.shared_lm_head else self.lm_heads[k]
