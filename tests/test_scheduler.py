@@ -341,8 +341,8 @@ def test_mixed_batch_negative_control_verifies_with_another_requests_params(smal
     into the others' verification). Kind a's law must then fail."""
     real = engine_mod.Engine._verify
 
-    def leak(self, run, draft, hidden, params):
-        return real(self, run, draft, hidden, KINDS["b"].replace(seed=params.seed))
+    def leak(self, run, draft, hidden, params, *rest):
+        return real(self, run, draft, hidden, KINDS["b"].replace(seed=params.seed), *rest)
 
     monkeypatch.setattr(engine_mod.Engine, "_verify", leak)
     counts = mixed_counts(small_model, N_MIXED // 3, seed0=50_000)
