@@ -154,8 +154,11 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """
     cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)  # [V]
     u = torch.rand(1, generator=generator, dtype=torch.float64, device=probs.device)  # [1] in [0, 1)
-    # u < 1 makes u * total < total in float64, so an index always exists: no clamp needed.
-    return int(torch.searchsorted(cdf, u * cdf[-1:], right=True).item())
+    # u < 1 makes u * total < total in float64, so an index exists whenever the law has mass.
+    tok = int(torch.searchsorted(cdf, u * cdf[-1:], right=True).item())
+    if tok >= probs.shape[-1]:  # no mass, or NaN: multinomial refused these; never return a token past V
+        raise ValueError("sample: the distribution has no positive finite mass to draw from")
+    return tok
 
 
 def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> tuple[int, float]:

@@ -370,3 +370,11 @@ def test_sample_is_seeded_and_takes_the_only_token_of_a_one_token_law():
     a = [sample(row, g) for g in [torch.Generator().manual_seed(3)] for _ in range(20)]
     b = [sample(row, g) for g in [torch.Generator().manual_seed(3)] for _ in range(20)]
     assert a == b
+
+
+@pytest.mark.parametrize("bad", ["zeros", "nan"])
+def test_sample_refuses_a_law_without_mass(bad):
+    """A law with no mass (or NaN) has no token to draw: an error, never an index past the vocabulary."""
+    p = torch.zeros(16) if bad == "zeros" else torch.full((16,), float("nan"))
+    with pytest.raises(ValueError, match="no positive finite mass"):
+        sample(p, torch.Generator().manual_seed(0))
