@@ -55,10 +55,9 @@ def stage(work: Path, variant: str) -> tuple[Path, Path]:
     out_model, out_heads = work / "stage" / "model", work / "stage" / "heads"
     for d in (out_model, out_heads):
         shutil.rmtree(d, ignore_errors=True)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    model.to(torch.float16).save_pretrained(str(out_model))
+    AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float16).save_pretrained(str(out_model))
     AutoTokenizer.from_pretrained(str(model_dir)).save_pretrained(str(out_model))
-    model.to(torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()  # the heads' base
     if not (heads_root / variant / "heads_config.json").is_file():
         have = sorted(p.name for p in heads_root.iterdir() if (p / "heads_config.json").is_file())
         raise SystemExit(f"no heads variant {variant!r} in {heads_root}; there are {have}")

@@ -31,7 +31,6 @@ from typing import Callable
 import torch
 
 from . import kv_cache
-from .draft_tree import Tree
 from .engine import Engine
 from .run_state import Draft, RunState
 from .sampler import SamplingParams

@@ -150,7 +150,7 @@ class Forward:
 
     def fill(self, rows: list[Row]) -> None:
         """Write the round's inputs into the host staging buffer [B, 3 + Tb, Tb]."""
-        B, Tb, s = self.rows, self.tokens, self.stage
+        Tb, s = self.tokens, self.stage  # [B, 3 + Tb, Tb]
         if self.copied is not None:
             self.copied.synchronize()  # the previous round's copy has long finished: the host synced since
         s.zero_()
