@@ -208,12 +208,18 @@ def test_chi2_helper_detects_a_small_bias():
 
 # -- end to end through the engine -------------------------------------------------
 
-def engine_counts(model, tree: str, n: int, seed0: int, prefix_cache=None, graphs: bool = False) -> np.ndarray:
+def engine_counts(model, tree: str, n: int, seed0: int, prefix_cache=None, graphs: bool = False,
+                  heads_dtype=None) -> np.ndarray:
     """Counts of (t2, t3): the first two tokens of the first speculative round.
 
     graphs: run every forward through `specdec.graphs` (recorded replays of captured forwards on the CPU).
+    heads_dtype: draft with heads of their own vocabulary projections, stored in this dtype.
     """
-    loaded = specdec.load(model, heads="random", device="cpu", prefix_cache=prefix_cache)
+    heads = "random"
+    if heads_dtype is not None:
+        from specdec.heads import random_heads
+        heads = random_heads(model, shared_lm_head=False, seed=0)
+    loaded = specdec.load(model, heads=heads, device="cpu", prefix_cache=prefix_cache, heads_dtype=heads_dtype)
     if graphs:
         assert loaded.engine.target.use_graphs("recorded")
     counts = np.zeros((V, V))
@@ -271,6 +277,25 @@ def test_graphs_negative_control_tree_rows_as_a_chain(model, joint_after_first, 
     counts = engine_counts(model, "default", N_CONTROL, seed0=30_000, graphs=True)
     p = chi2_pvalue(counts, joint_after_first)
     print(f"\n[engine, graphs] chain-rows control p = {p:.4g}")
+    assert p < FAIL_P
+
+
+@pytest.mark.slow
+def test_engine_with_half_precision_heads_is_lossless(model, joint_after_first):
+    """Heads whose vocabulary projections are fp16 (what `specdec.load` picks on a fast-fp16 CPU) only draft."""
+    counts = engine_counts(model, "default", N_ENGINE, seed0=40_000, heads_dtype="float16")
+    assert counts[joint_after_first == 0].sum() == 0
+    p = chi2_pvalue(counts, joint_after_first)
+    print(f"\n[engine, fp16 heads] chi-square p = {p:.4g}")
+    assert p > PASS_P
+
+
+@pytest.mark.slow
+def test_half_precision_heads_negative_control_ignores_top_p(model, joint_after_first, monkeypatch):
+    monkeypatch.setattr(verifier_mod, "target_probs", ignore_top_p)
+    counts = engine_counts(model, "default", 2 * N_ENGINE, seed0=40_000, heads_dtype="float16")
+    p = chi2_pvalue(counts, joint_after_first)
+    print(f"\n[engine, fp16 heads] ignore-top-p control p = {p:.4g}")
     assert p < FAIL_P
 
 
