@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
@@ -169,6 +170,10 @@ class DynamicTree:
     def __init__(self, num_heads: int, cost: CostModel, max_nodes: int | None = None, lookup: int = 0) -> None:
         self.cost = cost
         self.max_nodes = min(max_nodes or cost.max_nodes, cost.max_nodes)
+        # The cost model is fixed for the request: a plain-round-style T(n) (heads excluded, their time
+        # is spent either way once they ran) per tree size, so sizing a tree costs a list lookup per node.
+        self._round_s = [cost.round_time(n, False) for n in range(1, self.max_nodes + 1)]  # [max_nodes]
+        self._floor_s = [min(self._round_s[i:]) for i in range(self.max_nodes)]  # the least any size >= n costs
         self.heads_cal = {m: Calibrator(num_heads * RANKS, PRIOR[m], stride=RANKS) for m in ("greedy", "sampled")}
         self.lookup_cal = {m: Calibrator(max(lookup, 1), LOOKUP_PRIOR[m]) for m in ("greedy", "sampled")}
         self.num_heads = num_heads
@@ -195,8 +200,8 @@ class DynamicTree:
             self.rest -= 1
             return 0
         if chain and self.heads_rate is not None:
-            picks = _best_first([], self._lookup_estimates(chain, room, self.mode(greedy)), self.max_nodes - 1)
-            n, rate = self._best_prefix(picks, greedy)
+            n, rate, picks = self._best_prefix(
+                _best_first([], self._lookup_estimates(chain, room, self.mode(greedy)), self.max_nodes - 1), greedy)
             expected = 1.0 + sum(v for _, _, v in picks[:n]) + self.heads_gain
             nodes = 1 + n + round(self.heads_nodes)
             if expected / self.cost.round_time(nodes, True, expected, not greedy) <= rate:
@@ -219,9 +224,9 @@ class DynamicTree:
         """
         mode = self.mode(greedy)
         acc = self._head_estimates(q, room, mode)
-        picks = _best_first(acc, self._lookup_estimates(chain, room, mode), self.max_nodes - 1)
         heads_ran = q is not None
-        best, _ = self._best_prefix(picks, greedy)
+        best, _, picks = self._best_prefix(_best_first(acc, self._lookup_estimates(chain, room, mode), self.max_nodes - 1),
+                                           greedy)
         if heads_ran and picks:
             # Once the heads ran, draft at least their best node: a round without one teaches the
             # calibration nothing, and a cold estimate could then never warm up.
@@ -257,25 +262,38 @@ class DynamicTree:
     def _head_estimates(self, q, room: int, mode: str) -> list[list[float]]:
         if q is None:
             return []
-        cal = self.heads_cal[mode]
-        return [[cal.estimate(_row(d, r), x) for r, x in enumerate(row)] for d, row in enumerate(q[: min(len(q), room)])]
+        ratios, edges = self.heads_cal[mode].ratios(), BIN_EDGES  # as Calibrator.estimate, inlined: 40 a round
+        return [[min(1.0, x * ratios[_row(d, r)][bisect.bisect_right(edges, x) - 1]) for r, x in enumerate(row)]
+                for d, row in enumerate(q[: min(len(q), room)])]
 
     def _lookup_estimates(self, chain: int, room: int, mode: str) -> list[float]:
         cal = self.lookup_cal[mode]
         return [cal.estimate(min(j, len(cal.score) - 1), 1.0) for j in range(min(chain, room))]
 
-    def _best_prefix(self, picks: list[tuple[str, tuple, float]], greedy: bool) -> tuple[int, float]:
+    def _best_prefix(self, picks: "Iterator[tuple[str, tuple, float]]", greedy: bool
+                     ) -> tuple[int, float, list[tuple[str, tuple, float]]]:
         """How many picks to keep, and its rate: the most expected tokens per second (0 = a plain round).
+        Also the picks it read, in order.
 
-        The heads' own time is spent either way once they ran, so it does not count here.
+        The heads' own time is spent either way once they ran, so it does not count here. Picks come
+        best first, so no later one is worth more than the last read: once even `budget` more of that
+        worth at no extra time could not beat the best rate, the rest is not read (same answer).
         """
-        best, best_rate, expected = 0, 1.0 / self.cost.round_time(1, False), 1.0
-        for i, (_, _, v) in enumerate(picks, start=1):
+        times, floor, verify_s, sampled = self._round_s, self._floor_s, self.cost.verify_s, not greedy
+        best, best_rate, expected = 0, 1.0 / times[0], 1.0
+        read: list[tuple[str, tuple, float]] = []
+        for i, pick in enumerate(picks, start=1):
+            read.append(pick)
+            v = pick[2]
             expected += v  # ... tokens, and about as many nodes visited by verification
-            rate = expected / self.cost.round_time(i + 1, False, expected, not greedy)
+            # = cost.round_time(i + 1, False, expected, sampled), term for term
+            t = times[i] + verify_s * max(expected - 1.0, 0.0) if sampled else times[i]
+            rate = expected / t
             if rate > best_rate:
                 best, best_rate = i, rate
-        return best, best_rate
+            if i + 1 < len(times) and (expected + v * (len(times) - 1 - i)) / floor[i + 1] <= best_rate:
+                break  # no bigger tree costs less than floor, and sampled verification only adds to it
+        return best, best_rate, read
 
     def _rest_heads(self, nodes: int, accepted: int, greedy: bool, share: float) -> None:
         """After a round that ran the heads: rest them while their rounds are no faster than plain ones.
@@ -315,8 +333,8 @@ def _row(depth: int, rank: int) -> int:
     return depth * RANKS + min(rank, RANKS - 1)
 
 
-def _best_first(acc: list[list[float]], lookup: list[float], budget: int) -> list[tuple[str, tuple, float]]:
-    """Up to `budget` nodes in best-first order: ("heads", rank path, value) or ("lookup", (j,), value).
+def _best_first(acc: list[list[float]], lookup: list[float], budget: int) -> Iterator[tuple[str, tuple, float]]:
+    """Up to `budget` nodes in best-first order (lazily: a caller may stop early): ("heads", rank path, value) or ("lookup", (j,), value).
 
     A node's value is the product of the estimates along its path. Each head's candidates are
     visited in order of their estimate (the first child and the next sibling are pushed when a node
@@ -336,11 +354,12 @@ def _best_first(acc: list[list[float]], lookup: list[float], budget: int) -> lis
         push("heads", (order[0][0],), 1.0, acc[0][order[0][0]], 0)
     if lookup:
         push("lookup", (0,), 1.0, lookup[0], 0)
-    out: list[tuple[str, tuple, float]] = []
-    while heap and len(out) < budget:
+    taken = 0
+    while heap and taken < budget:
         neg, _, kind, path, sib, parent_value = heapq.heappop(heap)
         value = -neg
-        out.append((kind, path, value))
+        taken += 1
+        yield kind, path, value
         if kind == "lookup":
             j = path[0] + 1
             if j < len(lookup):
@@ -353,4 +372,3 @@ def _best_first(acc: list[list[float]], lookup: list[float], budget: int) -> lis
         if d + 1 < len(acc):  # the first child: the next head's best rank
             r = order[d + 1][0]
             push("heads", path + (r,), value, acc[d + 1][r], 0)
-    return out
