@@ -34,14 +34,6 @@ def _p(p: float) -> str:
     return f"{p:.3f}" if p >= 0.001 else "< 0.001"
 
 
-def _rejected_before(ev: RoundEvent, i: int) -> list[int]:
-    """Siblings of node i that the verifier tried and rejected before it (lookup first, then rank order)."""
-    me = ev.nodes[i]
-    order = lambda n: (n.rank, n.token_id)  # noqa: E731  lookup nodes have rank -1: tried first
-    return [j for j, n in enumerate(ev.nodes) if j != i and n.parent == me.parent and n.status == "rejected"
-            and order(n) < order(me)]
-
-
 def node_rule(ev: RoundEvent, i: int) -> str:
     """Why node i of a round was accepted, rejected or never tried, under the round's acceptance rule."""
     n = ev.nodes[i]
@@ -60,17 +52,13 @@ def node_rule(ev: RoundEvent, i: int) -> str:
         return f"{verdict}: {why} (p = {ps})"
     if ev.acceptance == "typical":
         return (f"{verdict}: typical acceptance keeps x when p(x) > min(ε, δ·e^(−H(p))) (p = {ps}; LOSSY rule)")
-    # Lossless: the draft is a point mass (q = 1), so min(1, p/q) = p; each rejected sibling is
-    # removed from the law and the rest renormalised (r).
-    before = _rejected_before(ev, i)
+    # Lossless: the target draws its own token y from p at this position; a child is accepted when it
+    # is y. Its chance beforehand is p(x): min(1, p/q) with q = 1, as the draft is a point mass.
     if p is None:
         return f"{verdict}"
-    if not before:
-        return f"{verdict}: accept with probability p(x) = {ps} (the draft is a point mass: min(1, p/q), q = 1)"
-    gone = sum(ev.nodes[j].target_prob or 0.0 for j in before)
-    r = p / (1 - gone) if gone < 1 else 1.0
-    return (f"{verdict}: accept with probability r(x) = p / (1 − {gone:.3f}) = {min(r, 1.0):.3f}, "
-            f"after {len(before)} rejected sibling{'s' if len(before) > 1 else ''} left the law")
+    if n.status == "accepted":
+        return f"{verdict}: the target's own draw here was this token (chance p(x) = {ps}; the draft is a point mass)"
+    return f"{verdict}: the target drew another token here (chance it would be this one: p(x) = {ps})"
 
 
 def narrate(ev: RoundEvent | None) -> str:

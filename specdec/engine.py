@@ -7,7 +7,7 @@ Every round, round 0 included, is the same four steps (Medusa's, and gpt-fast's)
      (lookup_mode="first") or is merged into it ("merge"). A plain round drafts nothing: its tree
      is the root alone. Round 0 drafts the prompt itself, as a causal chain (the prefill).
   2. forward: one target forward over all N nodes (4D mask + positions) into the KV buffer;
-  3. verify: a pure function of (tokens, tree, logits, params, generator) picks the accepted path
+  3. verify: a pure function of (tokens, tree, logits, params, position uniforms) picks the accepted path
      and the target's own next token (correction or bonus);
   4. commit: the KV buffer keeps exactly the accepted path; the emitted tokens are cut at EOS or
      the length limit and become the round's event.
@@ -33,7 +33,7 @@ from .heads import MedusaHeads
 from .lookup import NgramIndex
 from .request import LOOKUP_MODES, ROOT_ONLY, GenerationRequest, Plan, default_eos
 from .run_state import Draft, RunState, cut, tree_nodes, with_text
-from .sampler import SamplingParams, filter_stages
+from .sampler import SamplingParams, filter_stages, position_uniforms
 from .stopwatch import Stopwatch
 from .target import TargetModel
 from .tree_policy import DynamicTree, head_scores
@@ -47,7 +47,7 @@ class Engine:
     """Speculative decoding over one target model and its draft heads.
 
     Holds only read-only shared state (weights, tokenizer, a token-text
-    memo); every call to `stream` carries its own cache and generator.
+    memo); every call to `stream` carries its own cache and position uniforms.
     """
 
     def __init__(self, target: TargetModel, heads: MedusaHeads | None, tokenizer=None,
@@ -194,7 +194,7 @@ class Engine:
             index += 1
 
     def _open(self, plan: Plan) -> "RunState":
-        """A request's own state: generator, decoder, lookup index, and a KV buffer sized once, for the
+        """A request's own state: position uniforms, decoder, lookup index, and a KV buffer sized once, for the
         prompt, every new token and the largest tree, rounded up so shapes repeat across requests."""
         req, target = plan.request, self.target
         seed = plan.first.seed if plan.first.seed is not None else random.SystemRandom().randrange(2**62)
@@ -212,7 +212,8 @@ class Engine:
         if self.prefix_cache is not None:  # seeds the request's own buffer (a pooled one: what the graphs write)
             _, hit = self.prefix_cache.lookup(target.model, plan.ids, into=cache)
         ngram = NgramIndex(plan.ids, req.lookup_ngram) if plan.tree is not None and req.lookup else None
-        return RunState(plan, cache, hit, seed, torch.Generator(device=target.device).manual_seed(seed),
+        # Drawn for greedy requests too: a live slider can turn one into a sampled request midway.
+        return RunState(plan, cache, hit, seed, position_uniforms(seed, req.max_new_tokens),
                     IncrementalDecoder(self.tokenizer), ngram, limit=target.max_length or 1 << 62, policy=policy)
 
     # -- the four steps -----------------------------------------------------------
@@ -283,7 +284,7 @@ class Engine:
 
     def _verify(self, run: "RunState", draft: "Draft | None", hidden: torch.Tensor, params: SamplingParams,
                 clock: Stopwatch | None = None) -> Verdict:
-        """Step 3: the accepted path and the target's own next token (pure given the logits and generator).
+        """Step 3: the accepted path and the target's own next token (pure given the logits and uniforms).
 
         With a `clock`, the target's vocabulary projection of the rows it reads is timed apart, as "rows":
         it is the target model's compute, not verification's.
@@ -305,7 +306,8 @@ class Engine:
                 if all_rows_at_once(tree.num_nodes, hidden.device):  # one product, two host syncs
                     return verify_greedy(tokens, tree, rows(hidden))
             # rows on demand: sampling visits few nodes and filters each row anyway
-            return verify(tokens, tree, lambda i: rows(hidden[i]), params, rule, run.gen)
+            return verify(tokens, tree, lambda i: rows(hidden[i]), params, rule,
+                          run.uniforms[run.produced : run.produced + tree.max_depth + 1])
 
     def _commit(self, run: "RunState", draft: "Draft | None", verdict: Verdict, hidden: torch.Tensor
                 ) -> tuple[EmittedToken, ...]:

@@ -43,7 +43,7 @@ class RunState:
     cache: object  # kv_cache.SlotCache, or a DynamicCache where the model needs it
     hit: int  # prompt tokens reused from the prefix cache
     seed: int
-    gen: torch.Generator
+    uniforms: list[float]  # one per output position: the token at position t is drawn with uniforms[t]
     detok: IncrementalDecoder
     ngram: NgramIndex | None
     limit: int  # the model's context length

@@ -144,21 +144,41 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.softmax(filter_logits(logits, params), dim=-1)
 
 
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor | float) -> torch.Tensor:
+    """The token whose cumulative mass first exceeds u * sum(probs), as a [1] long tensor on probs' device
+    (no host sync). probs: [V], non-negative, not necessarily normalised; u in [0, 1).
+
+    Token i is hit with probability p_i / sum(p) up to float64 rounding, and a token with p_i = 0 never
+    is (the first index whose cumulative mass exceeds u * sum lies where mass was added). u < 1 makes
+    u * total < total in float64, so an index < V exists whenever the law has mass; V means it has none.
+    """
+    cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)  # [V]
+    return torch.searchsorted(cdf, cdf[-1:] * u, right=True)  # [1]
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """Draw one token id from a [V] distribution (non-negative, not necessarily normalised).
 
-    Inverse-CDF sampling with one float64 uniform: token i is drawn with probability p_i / sum(p)
-    up to float64 rounding, and a token with p_i = 0 never is (the first index whose cumulative
-    mass exceeds u * sum lies where mass was added). `torch.multinomial` draws from the same law
-    but cost ~75 us per [4096] row on a CPU, more than the rest of a sampling step; this is ~10.
+    Inverse-CDF sampling with one float64 uniform from `generator`. `torch.multinomial` draws from
+    the same law but cost ~75 us per [4096] row on a CPU, more than the rest of a sampling step;
+    this is ~10.
     """
-    cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)  # [V]
     u = torch.rand(1, generator=generator, dtype=torch.float64, device=probs.device)  # [1] in [0, 1)
-    # u < 1 makes u * total < total in float64, so an index exists whenever the law has mass.
-    tok = int(torch.searchsorted(cdf, u * cdf[-1:], right=True).item())
+    tok = int(inverse_cdf(probs, u).item())
     if tok >= probs.shape[-1]:  # no mass, or NaN: multinomial refused these; never return a token past V
         raise ValueError("sample: the distribution has no positive finite mass to draw from")
     return tok
+
+
+def position_uniforms(seed: int, n: int) -> list[float]:
+    """A request's uniforms, one per output position: the token at position t is drawn with the t-th.
+
+    Keying the randomness to the position, not to how many draws came before, is what makes a seeded
+    sampled request emit the same tokens whatever tree, batch or policy drafted them: each position's
+    token is the inverse CDF of the target's filtered law at that uniform, which is what plain
+    sampling computes too (see `verifier.verify`). A CPU generator, so a seed means the same on any device.
+    """
+    return torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).tolist()
 
 
 def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> tuple[int, float]:

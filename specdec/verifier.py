@@ -14,12 +14,23 @@ Glossary (as in vLLM's rejection sampler):
 
 Rules:
 - greedy: follow children whose token is the target argmax.
-- lossless sampling (the default when temperature > 0): at each node try
-  the children in rank order; accept child x with probability r(x), where
-  r starts as the filtered target law p at that node; on rejection set
-  r(x) = 0 and renormalise. If no child is accepted, sample from r. The
-  emitted token is then distributed exactly as p (SpecInfer with q = a
-  point mass), so the output law equals plain sampling.
+- lossless sampling (the default when temperature > 0): at each node draw
+  the target's own token y from the filtered law p, by inverse CDF at the
+  uniform of y's output position; accept the child whose token is y, if
+  one is, else y is the correction (or, at a leaf, the bonus).
+
+Why that is the lossless rule. With point-mass drafts, SpecInfer's rule
+(try the children in order, accept x with probability r(x), r starting
+as p; on a rejection zero r(x) and renormalise; if all are rejected,
+sample r) accepts x_1 with p(x_1), then x_2 with p(x_2) / (1 - p(x_1)),
+and so on, and otherwise draws from p without the x_i: the emitted token
+is distributed as p and the path is accepted exactly when that token is
+a child. Sampling y from p and matching it is the same joint law of
+(accepted child, emitted token), in one draw per depth instead of one per
+child. And because each position's uniform is fixed in advance
+(`sampler.position_uniforms`), the emitted tokens are those plain
+sampling draws from the same uniforms: a seeded sampled request gives the
+same text whatever tree, policy or batch drafted it.
 - typical (Medusa, **lossy**): accept x if p(x) > min(eps, delta * exp(-H(p))).
   Faster acceptance, but the output no longer follows p.
 """
@@ -27,12 +38,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 from .draft_tree import Tree
-from .sampler import SamplingParams, sample, target_probs
+from .sampler import SamplingParams, inverse_cdf, target_probs
 
 ACCEPTANCE_RULES = ("greedy", "lossless", "typical")
 LOSSY_RULES = frozenset({"typical"})
@@ -126,7 +137,7 @@ def verify_greedy_batch(trees: list[tuple[list[int], Tree]], logits: torch.Tenso
 
 
 def verify(tokens: list[int], tree: Tree, logits_at: Callable[[int], torch.Tensor], params: SamplingParams,
-           rule: str, generator: torch.Generator | None,
+           rule: str, uniforms: Sequence[float] | torch.Generator | None,
            typical_eps: float = 0.09, typical_delta: float = 0.3) -> Verdict:
     """Walk the tree from the root and return the accepted path.
 
@@ -138,12 +149,19 @@ def verify(tokens: list[int], tree: Tree, logits_at: Callable[[int], torch.Tenso
             projection runs on at most D + 1 rows.
         params: sampler settings shaping p (the same filters as plain sampling).
         rule: "greedy", "lossless" or "typical" (lossy).
-        generator: the request's torch.Generator; the only source of randomness.
+        uniforms: the only source of randomness. uniforms[d] in [0, 1) draws the token chosen at depth d
+            (the request's position uniforms from the root's position on: `sampler.position_uniforms`);
+            or a torch.Generator (or None: torch's default one) to draw a fresh uniform per depth.
     """
     if rule not in ACCEPTANCE_RULES:
         raise ValueError(f"acceptance rule must be one of {ACCEPTANCE_RULES}, got {rule!r}")
     if params.greedy and rule != "greedy":
         rule = "greedy"  # temperature 0: every rule reduces to the argmax
+    if uniforms is None or isinstance(uniforms, torch.Generator):
+        gen = uniforms
+        uniform = lambda d: float(torch.rand(1, generator=gen, dtype=torch.float64))  # noqa: E731
+    else:
+        uniform = uniforms.__getitem__
     accepted = [0]
     target_prob: dict[int, float] = {}
     rejected: list[int] = []
@@ -174,45 +192,32 @@ def verify(tokens: list[int], tree: Tree, logits_at: Callable[[int], torch.Tenso
                     break
                 rejected.append(c)
             if chosen is None:
-                tok = sample(p, generator)
-                return Verdict(tuple(accepted), tok, "correction" if kids else "bonus", float(p[tok]), target_prob,
+                tok, _, pt = _draw(p, [], uniform(len(accepted) - 1))
+                return Verdict(tuple(accepted), tok, "correction" if kids else "bonus", pt, target_prob,
                                tuple(rejected))
         else:
             p = target_probs(row, params)  # [V] float32, the filtered target law
-            chosen, gone = None, []
-            if kids:
-                # One gather and one batch of uniforms per node; the walk is then plain floats.
-                # Removing a rejected x from r and renormalising makes r(y) = p(y) / (1 - mass
-                # removed so far), so r never has to be materialised until a correction is drawn.
-                toks = [tokens[c] for c in kids]
-                # p's own total rides along in the same sync: a float32 law sums to 1 only to a
-                # few ulp, and the last token of the support must get r = 1, not 1 - 1e-7.
-                # The uniforms ride in the same transfer: one host sync per visited node.
-                us = torch.rand(len(kids), generator=generator, device=p.device)  # [C]
-                host = torch.cat([p[torch.tensor(toks, device=p.device)].double(), p.sum(dtype=torch.float64)[None],
-                                  us.double()]).tolist()
-                px, total, us = host[: len(kids)], host[len(kids)], host[len(kids) + 1 :]
-                removed = 0.0
-                for c, x, pc, u in zip(kids, toks, px, us):
-                    target_prob[c] = pc
-                    left = total - removed
-                    r = 0.0 if x in gone else (1.0 if pc >= left else pc / left)  # x holds all the rest: r = 1
-                    if u < r:
-                        chosen = c
-                        break
-                    rejected.append(c)
-                    if x not in gone:
-                        gone.append(x)
-                        removed += pc
+            # The target's token here, and p at it and at every child, in one host sync.
+            tok, px, pt = _draw(p, [tokens[c] for c in kids], uniform(len(accepted) - 1))
+            target_prob.update(zip(kids, px))
+            chosen = next((c for c in kids if tokens[c] == tok), None)
+            rejected.extend(c for c in kids if c != chosen)  # compared with the target's token and lost
             if chosen is None:
-                r = p
-                if gone:  # the residual law: p without the rejected tokens (multinomial renormalises)
-                    r = p.clone()
-                    r[torch.tensor(gone, device=p.device)] = 0.0
-                    if not bool(r.sum() > 0):  # unreachable in exact arithmetic (see r = 1 above)
-                        raise RuntimeError("lossless verify: every token of p was rejected")
-                tok = sample(r, generator)
-                return Verdict(tuple(accepted), tok, "correction" if kids else "bonus", float(p[tok]), target_prob,
+                return Verdict(tuple(accepted), tok, "correction" if kids else "bonus", pt, target_prob,
                                tuple(rejected))
         accepted.append(chosen)
         node = chosen
+
+
+def _draw(p: torch.Tensor, kids: list[int], u: float) -> tuple[int, list[float], float]:
+    """Inverse-CDF draw of a token from p [V] at uniform u, with p at `kids` and at the drawn token:
+    (token, [p(kid)], p(token)), in one host sync."""
+    y = inverse_cdf(p, u)  # [1], V when p has no mass
+    at = y.clamp_max(p.shape[-1] - 1)
+    if kids:
+        at = torch.cat([torch.tensor(kids, dtype=torch.long, device=p.device), at])
+    host = torch.cat([y.to(p.dtype), p[at]]).tolist()  # ids < 2**24 are exact in float32
+    tok = int(host[0])
+    if tok >= p.shape[-1]:  # no mass, or NaN: never return a token past V
+        raise ValueError("sample: the distribution has no positive finite mass to draw from")
+    return tok, host[1:-1], host[-1]

@@ -29,7 +29,7 @@ import specdec.verifier as verifier_mod
 from conftest import make_model, naive_logits, reference_probs
 from specdec import kv_cache
 from specdec.draft_tree import candidates, resolve_tree
-from specdec.sampler import SamplingParams, sample, target_probs
+from specdec.sampler import SamplingParams, target_probs
 from specdec.target import TargetModel
 from specdec.verifier import verify
 
@@ -169,10 +169,18 @@ def test_verify_is_lossless(rounds, joint, record_property):
     assert p > PASS_P
 
 
+def always_accept(real):
+    """A planted bug: the verifier accepts the first child the filters allow, whatever token the target drew."""
+    def draw(p, kids, u):
+        tok, px, pt = real(p, kids, u)
+        allowed = [k for k, x in zip(kids, px) if x > 0]
+        return (allowed[0], px, px[kids.index(allowed[0])]) if allowed else (tok, px, pt)
+    return draw
+
+
 def test_negative_control_always_accept(rounds, joint, monkeypatch):
-    """A verifier that accepts any candidate the filters allow (u = 0) is not lossless."""
-    real_rand = torch.rand
-    monkeypatch.setattr(verifier_mod.torch, "rand", lambda *a, **k: real_rand(*a, **k) * 0)
+    """A verifier that accepts any candidate the filters allow is not lossless."""
+    monkeypatch.setattr(verifier_mod, "_draw", always_accept(verifier_mod._draw))
     counts = draw(rounds, N_CONTROL, seed=2024)
     p = chi2_pvalue(counts, joint)
     print(f"\n[{rounds.tree.num_nodes}-node tree] always-accept control p = {p:.4g}")
@@ -371,11 +379,11 @@ def test_engine_with_lookup_negative_control_always_accept(model, joint_after_fi
     """A planted bug: lookup drafts accepted without the test (as if p/q were ignored) must fail."""
     real = verifier_mod.verify
 
-    def accept_lookup(tokens, tree, logits_at, params, rule, generator, **kw):
+    def accept_lookup(tokens, tree, logits_at, params, rule, uniforms, **kw):
         if not tree.lookup:
-            return real(tokens, tree, logits_at, params, rule, generator, **kw)
+            return real(tokens, tree, logits_at, params, rule, uniforms, **kw)
         # "first" mode: the chain hangs from the root. Take all of it, then a bonus token from p.
-        tok = sample(target_probs(logits_at(tree.lookup[-1]), params), generator)
+        tok, _, _ = verifier_mod._draw(target_probs(logits_at(tree.lookup[-1]), params), [], uniforms[len(tree.lookup)])
         return verifier_mod.Verdict((0,) + tree.lookup, tok, "bonus", 0.0, {}, ())
 
     import specdec.engine as engine_mod

@@ -25,11 +25,11 @@ def test_narration_says_what_the_round_did_and_the_rule_per_node():
     assert "The heads proposed 6 tokens in 2 branches." in text
     assert "The target agreed with ' fib', '(n'; it rejected '):' (target p = 0.050), so it sampled a correction '↵'. On the way it " \
         "turned down 1 other guess." in text
-    # Lossless: a draft is a point mass, so the first child tried is accepted with probability p(x) ...
-    assert node_rule(ev, 1) == "accepted: accept with probability p(x) = 0.700 (the draft is a point mass: " \
-                               "min(1, p/q), q = 1)"
-    # ... and after a rejected sibling, with the renormalised residual r(x) = p / (1 - p(sibling)).
-    assert "r(x) = p / (1 − 0.100) = 0.889" in node_rule(ev, 4)
+    # Lossless: the target draws its own token from p and a child is accepted when it is that token;
+    # its chance was p(x), the draft being a point mass.
+    assert node_rule(ev, 1) == "accepted: the target's own draw here was this token (chance p(x) = 0.700; " \
+                               "the draft is a point mass)"
+    assert node_rule(ev, 5) == "rejected: the target drew another token here (chance it would be this one: p(x) = 0.050)"
     assert node_rule(ev, 2) == "not tried: a sibling was accepted first"
     assert node_rule(ev, 6) == "not tried: its parent was not accepted"
     greedy = RoundEvent(3, ev.nodes, ev.accepted_path, ev.emitted, dict(P0), "greedy", True, {}, 4)
@@ -38,7 +38,7 @@ def test_narration_says_what_the_round_did_and_the_rule_per_node():
     assert "Plain decoding" in narrate(plain_event(2))
     # the tree's hover carries the same rule
     hover = [c[8] for c in by_name(plots.tree_figure(ev))["accepted"].customdata]
-    assert hover[0].startswith("accepted:<br>accept with probability p(x) = 0.700")
+    assert hover[0].startswith("accepted:<br>the target's own draw here was this token (chance p(x) = 0.700")
 
 
 def test_instructive_round_and_jumps():

@@ -19,7 +19,7 @@ from conftest import ARCHS, PROMPTS, hf_greedy, make_model, oracle_loaded
 from specdec.cost import CostModel
 from specdec.draft_tree import best_tree, build_tree, expected_length
 from specdec.heads import HeadsConfig, MedusaHeads
-from specdec.sampler import SamplingParams, sample, target_probs
+from specdec.sampler import SamplingParams, target_probs
 from specdec.tree_policy import (FIRST_REST, Calibrator, DynamicTree, _best_first, head_scores)
 from test_lossless import CONTEXT, FAIL_P, PARAMS, PASS_P, ROOT, V, chi2_pvalue, exact_joint, exact_law
 
@@ -94,7 +94,7 @@ def valid_prefix(picks) -> None:
 def test_best_first_order_gives_the_best_tree_of_every_size(seed):
     g = torch.Generator().manual_seed(seed)
     acc = torch.rand(4, 6, generator=g).sort(descending=True).values.tolist()
-    picks = _best_first(acc, [], 40)
+    picks = list(_best_first(acc, [], 40))
     valid_prefix(picks)
     values = [v for _, _, v in picks]
     assert values == sorted(values, reverse=True)
@@ -105,7 +105,7 @@ def test_best_first_order_gives_the_best_tree_of_every_size(seed):
 
 def test_lookup_chain_competes_in_the_same_order():
     acc = [[0.5, 0.2], [0.5, 0.2]]
-    picks = _best_first(acc, [0.9, 0.9, 0.9], 10)
+    picks = list(_best_first(acc, [0.9, 0.9, 0.9], 10))
     valid_prefix(picks)
     kinds = [k for k, _, _ in picks]
     assert kinds[:3] == ["lookup"] * 3  # 0.9, 0.81, 0.73 beat every head node (0.5 at best)
@@ -313,13 +313,13 @@ def test_dynamic_tree_negative_control_accepts_first_children(small_model, joint
     """A planted bug: every drafted node on the first-child path is accepted without the test."""
     real = verifier_mod.verify
 
-    def accept_first(tokens, tree, logits_at, params, rule, generator, **kw):
+    def accept_first(tokens, tree, logits_at, params, rule, uniforms, **kw):
         if tree.num_nodes == 1:
-            return real(tokens, tree, logits_at, params, rule, generator, **kw)
+            return real(tokens, tree, logits_at, params, rule, uniforms, **kw)
         path = [0]
         while tree.children[path[-1]]:
             path.append(tree.children[path[-1]][0])
-        tok = sample(target_probs(logits_at(path[-1]), params), generator)
+        tok, _, _ = verifier_mod._draw(target_probs(logits_at(path[-1]), params), [], uniforms[len(path) - 1])
         return verifier_mod.Verdict(tuple(path), tok, "bonus", 0.0, {}, ())
 
     monkeypatch.setattr(engine_mod, "verify", accept_first)

@@ -197,19 +197,17 @@ def test_batched_greedy_verify_equals_row_by_row(preset):
             assert abs(a.next_prob - b.next_prob) < 1e-5
 
 
-def test_lossless_accepts_the_last_child_when_children_cover_the_support(monkeypatch):
-    """If the children hold all of p's mass and all but the last are rejected, the last has r = 1.
-
-    Forced uniforms just below 1 make every rejectable child rejected; a float32 law sums to 1 only
-    to a few ulp, so r computed as p / (1 - removed) could fall short of 1 and reject the last child,
-    leaving an all-zero residual law to sample from.
-    """
+def test_lossless_accepts_a_child_whenever_children_cover_the_support():
+    """If the children hold all of p's mass, some child is accepted at every uniform, even one just
+    below 1: the drawn token is the first whose cumulative mass exceeds u * total, so a float32 law
+    that sums to 1 only to a few ulp can never send the walk to an empty residual law."""
     tree = build_tree(((0,), (1,)))  # root with two children
     logits = torch.full((3, 8), -30.0)
-    # p(5) ~ 0.99995, p(2) ~ 4.7e-5 under top_k=2; in float32, p(2) / (1 - p(5)) is only 0.9987
-    logits[0, 5], logits[0, 2] = 9.969826698303223, 0.0
+    logits[0, 5], logits[0, 2] = 9.969826698303223, 0.0  # p(5) ~ 0.99995, p(2) ~ 4.7e-5 under top_k=2
     params = SamplingParams(temperature=1.0, top_k=2)
-    monkeypatch.setattr(torch, "rand", lambda n, **kw: torch.full((n,), 0.999999))
     for first, second in ((5, 2), (2, 5)):
-        v = verify([1, first, second], tree, lambda i: logits[i], params, "lossless", None)
-        assert v.accepted == (0, 2) and v.rejected == (1,), (first, second)
+        for u, want in ((0.0, 2), (1e-5, 2), (1e-4, 5), (0.999999, 5), (1 - 2**-53, 5)):
+            v = verify([1, first, second], tree, lambda i: logits[i], params, "lossless", [u, 0.5])
+            chosen = 1 if first == want else 2
+            assert v.accepted == (0, chosen) and v.rejected == (3 - chosen,), (first, second, u)
+            assert v.next_kind == "bonus"
