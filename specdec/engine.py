@@ -36,7 +36,7 @@ from .run_state import Draft, RunState, cut, tree_nodes, with_text
 from .sampler import SamplingParams, filter_stages, position_uniforms
 from .stopwatch import Stopwatch
 from .target import TargetModel
-from .tree_policy import DynamicTree, head_scores
+from .tree_policy import DynamicTree, PolicyMemory, head_scores
 from .verifier import Verdict, all_rows_at_once, verify, verify_greedy
 
 __all__ = ["Engine", "GenerationRequest", "LOOKUP_MODES", "default_eos"]
@@ -68,6 +68,7 @@ class Engine:
         self._cost = cost
         self._cost_cache = cost_cache
         self._cost_lock = threading.Lock()
+        self.policy_memory = PolicyMemory()  # what finished requests taught the dynamic tree
 
     # -- helpers -------------------------------------------------------------
     def token_text(self, token_id: int) -> str:
@@ -170,6 +171,7 @@ class Engine:
             raise
         finally:  # finished, stopped, let go or failed: a pooled KV buffer goes back
             self.target.release(run.cache, failed)
+            self.remember(run, failed)
 
     def _rounds(self, run: "RunState", callbacks: list[RoundCallback], should_stop) -> Iterator[RoundEvent]:
         plan, index = run.plan, 0
@@ -193,6 +195,11 @@ class Engine:
                 return
             index += 1
 
+    def remember(self, run: "RunState", failed: bool = False) -> None:
+        """A request is done: what its dynamic tree learned goes to the engine's memory (not after a failure)."""
+        if run.policy is not None and not failed:
+            self.policy_memory.learn(run.policy)
+
     def _open(self, plan: Plan) -> "RunState":
         """A request's own state: position uniforms, decoder, lookup index, and a KV buffer sized once, for the
         prompt, every new token and the largest tree, rounded up so shapes repeat across requests."""
@@ -201,7 +208,7 @@ class Engine:
         policy = None
         if plan.dynamic:
             k = self.heads.config.num_heads if self.heads is not None else 0
-            policy = DynamicTree(k, self.cost_model(), lookup=req.lookup)
+            policy = DynamicTree(k, self.cost_model(), lookup=req.lookup, memory=self.policy_memory, law=plan.first)
         most_nodes = (plan.tree.num_nodes + req.lookup) if plan.tree is not None else 1
         if policy is not None:
             most_nodes = policy.max_nodes + req.lookup

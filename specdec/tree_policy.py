@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import threading
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -51,6 +52,8 @@ DECAY = 0.97  # per round: about 30 rounds of memory, so a slider change is lear
 # 0.17 then 0.4-0.7 at T = 1.0.
 LOOKUP_PRIOR = {"greedy": (0.6, 0.9), "sampled": (0.3, 0.6)}
 RATE_WEIGHT = 0.3  # how fast the heads' running rate follows new rounds
+MEMORY_KEEP = 0.5  # the share of the engine's calibration memory a finished request leaves in place
+WARM_SHARE = 0.5  # the share of that memory a new request starts from (its evidence then decays as its own)
 RANKS = 3  # calibration rows per head: rank 0, rank 1, ranks 2+ (a head's first guess is special)
 MIN_VALUE = 1e-4  # nodes less likely than this are never worth a slot
 # Rests of 4, 16, 64 rounds: a 64-token request at a temperature where the heads never pay
@@ -138,6 +141,16 @@ class Calibrator:
     def estimate(self, row: int, q: float) -> float:
         return min(1.0, q * self.ratios()[row][bisect.bisect_right(BIN_EDGES, q) - 1])
 
+    def evidence(self) -> tuple[list[list[float]], list[list[float]]]:
+        """(outcome sums, score sums) per row and bin, as decayed so far: copies."""
+        return [list(r) for r in self.outcome], [list(r) for r in self.score]
+
+    def start_from(self, outcome: list[list[float]], score: list[list[float]], share: float) -> None:
+        """Begin with `share` of another calibrator's evidence, which then decays like this one's own."""
+        self.outcome = [[share * x for x in r] for r in outcome]
+        self.score = [[share * x for x in r] for r in score]
+        self._ratios = None
+
     def observe(self, seen: list[tuple[int, float, float]]) -> None:
         """One round's (row, score q, outcome) triples; decays the old evidence first."""
         for rows in (self.outcome, self.score):
@@ -149,6 +162,70 @@ class Calibrator:
             self.outcome[d][b] += outcome
             self.score[d][b] += q
         self._ratios = None
+
+
+def law_key(params: SamplingParams) -> tuple:
+    """Which requests share what they learn: greedy ones, or sampled ones under about the same law
+    (filters to 0.05). How often a sampled draft lands depends on the temperature and filters."""
+    if params.greedy:
+        return ("greedy",)
+    r = lambda x: round(x * 20) / 20  # noqa: E731
+    return ("sampled", r(params.temperature), params.top_k, r(params.top_p), r(params.min_p))
+
+
+class PolicyMemory:
+    """What finished requests taught the dynamic tree, engine-wide, for the next request to start from.
+
+    A request alone starts from fixed priors and needs a few dozen rounds to learn, per depth and
+    rank, how often its heads' guesses land: the deeper heads of distilled Medusa heads are right far
+    more often than their own probability says once the path above them was accepted (measured on
+    the embedded model: 2x at depths 3-4), and sampled drafts land less often than the heads' filtered
+    probability says. Started cold, a request drafts the wrong amount until it has learned that
+    again. So each finished request's calibration evidence is folded into this memory, per law
+    (`law_key`: how often a sampled draft lands depends on the temperature and filters), and a new
+    request starts from a share of it. (Remembering the heads' running rate too, so that heads which
+    did not pay under a law rest from the next request's first round, measured no better.)
+
+    A tree never changes what a request emits (greedy: the argmax; sampling: each position's uniform,
+    `sampler.position_uniforms`), so sharing what sizes the trees across requests keeps every output
+    exact and every seeded output reproducible.
+    """
+
+    MAX_LAWS = 64  # laws remembered (sliders make many); the least recently learned go first
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._evidence: dict[tuple, tuple[list[list[float]], list[list[float]]]] = {}  # (kind, rows, law)
+
+    def warm(self, policy: "DynamicTree") -> None:
+        """Start a new request from the memory of its law (when there is one)."""
+        with self._lock:
+            for kind in ("heads", "lookup"):
+                for mode in ("greedy", "sampled"):
+                    cal, law = policy.calibrator(kind, mode), policy.law_of(mode)
+                    found = self._evidence.get((kind, len(cal.score), law)) if law is not None else None
+                    if found is not None:
+                        cal.start_from(*found, WARM_SHARE)
+
+    def learn(self, policy: "DynamicTree") -> None:
+        """Fold a finished request's evidence in (for the laws it decoded under)."""
+        with self._lock:
+            for kind in ("heads", "lookup"):
+                for mode in ("greedy", "sampled"):
+                    outcome, score = policy.calibrator(kind, mode).evidence()
+                    law = policy.law_of(mode)
+                    if law is None or not any(map(any, score)):
+                        continue
+                    key = (kind, len(score), law)
+                    old = self._evidence.pop(key, None)
+                    if old is not None:
+                        outcome = [[MEMORY_KEEP * a + b for a, b in zip(ra, rb)] for ra, rb in zip(old[0], outcome)]
+                        score = [[MEMORY_KEEP * a + b for a, b in zip(ra, rb)] for ra, rb in zip(old[1], score)]
+                    self._evidence[key] = (outcome, score)
+            laws = list(dict.fromkeys(key[2] for key in self._evidence))  # least recently learned first
+            for gone in laws[: max(len(laws) - self.MAX_LAWS, 0)]:
+                for key in [k for k in self._evidence if k[2] == gone]:
+                    del self._evidence[key]
 
 
 @dataclass(frozen=True)
@@ -163,11 +240,12 @@ class Choice:
 class DynamicTree:
     """One request's tree policy: calibration state and the heads' rest schedule.
 
-    Per request, not per engine: a request's trees depend only on its own history, so a seeded
-    sampled request reproduces however many others ran before or beside it.
+    Per request: its calibration starts from the engine's `PolicyMemory` (when given) and then
+    follows its own verdicts; its rests and rates are its own.
     """
 
-    def __init__(self, num_heads: int, cost: CostModel, max_nodes: int | None = None, lookup: int = 0) -> None:
+    def __init__(self, num_heads: int, cost: CostModel, max_nodes: int | None = None, lookup: int = 0,
+                 memory: PolicyMemory | None = None, law: SamplingParams | None = None) -> None:
         self.cost = cost
         self.max_nodes = min(max_nodes or cost.max_nodes, cost.max_nodes)
         # The cost model is fixed for the request: a plain-round-style T(n) (heads excluded, their time
@@ -187,6 +265,19 @@ class DynamicTree:
         self.heads_rate: float | None = None  # running tokens/s that rounds with every head actually yielded
         # What the heads' own nodes added to recent trees (running averages): expected tokens and nodes.
         self.heads_gain, self.heads_nodes = 0.0, 0.0
+        self.law = law_key(law) if law is not None else None  # the request's first law: what it shares
+        if memory is not None and self.law is not None:
+            memory.warm(self)
+
+    def calibrator(self, kind: str, mode: str) -> Calibrator:
+        """The calibrator of "heads" or "lookup" nodes in "greedy" or "sampled" mode."""
+        return (self.heads_cal if kind == "heads" else self.lookup_cal)[mode]
+
+    def law_of(self, mode: str) -> tuple | None:
+        """The law a mode's calibrators learn under, as the memory files it (None: not known)."""
+        if mode == "greedy":
+            return ("greedy",)
+        return self.law if self.law is not None and self.law[0] == "sampled" else None
 
     @staticmethod
     def mode(greedy: bool) -> str:
@@ -303,7 +394,7 @@ class DynamicTree:
         also where they are most often too high.
         """
         got = accepted / self.cost.round_time(nodes, share, accepted, not greedy)
-        plain = 1.0 / self.cost.round_time(1, False)
+        plain = 1.0 / self._round_s[0]
         if share < 1:
             # A probe (one head, a depth-1 tree) yields two tokens at most, and one success can be
             # luck (a flat law accepts a depth-1 draft a quarter of the time): two in a row bring

@@ -20,7 +20,8 @@ from specdec.cost import CostModel
 from specdec.draft_tree import best_tree, build_tree, expected_length
 from specdec.heads import HeadsConfig, MedusaHeads
 from specdec.sampler import SamplingParams, target_probs
-from specdec.tree_policy import (FIRST_REST, Calibrator, DynamicTree, _best_first, head_scores)
+from specdec.tree_policy import (FIRST_REST, Calibrator, DynamicTree, PolicyMemory, _best_first, _row, head_scores,
+                                  law_key)
 from test_lossless import CONTEXT, FAIL_P, PARAMS, PASS_P, ROOT, V, chi2_pvalue, exact_joint, exact_law
 
 N = 24
@@ -167,6 +168,52 @@ def test_heads_rest_after_rounds_that_did_not_pay_and_come_back_through_a_probe(
     assert [policy.wants_heads(0, 10, True) for _ in range(5)] == [4] * 5  # all heads, every round
 
 
+# -- the engine's memory: what finished requests taught ----------------------------------------
+
+def test_memory_warms_the_next_request_under_the_same_law():
+    mem, greedy, hot = PolicyMemory(), SamplingParams(), SamplingParams(temperature=1.0)
+    first = DynamicTree(4, MODERATE, memory=mem, law=greedy)
+    cold = DynamicTree(4, MODERATE)
+    for _ in range(30):  # the second head's rank-0 guess lands far more often than its q of 0.3 says
+        first.observe(True, [(0, 0, 0.5, 1.0), (1, 0, 0.3, 1.0)], [], nodes=3, accepted=3, heads_ran=1.0)
+    assert mem.warm(cold) is None and cold.calibrator("heads", "greedy").estimate(_row(1, 0), 0.3) < 0.5
+    mem.learn(first)
+    warm = DynamicTree(4, MODERATE, memory=mem, law=greedy)
+    assert warm.calibrator("heads", "greedy").estimate(_row(1, 0), 0.3) > 0.8
+    # the memory is a share of what the first request knew, and decays as the new request's own evidence
+    assert 0 < warm.calibrator("heads", "greedy").evidence()[1][_row(1, 0)][3] \
+        < first.calibrator("heads", "greedy").evidence()[1][_row(1, 0)][3]
+    # a sampled request under another law starts cold in its sampled mode
+    other = DynamicTree(4, MODERATE, memory=mem, law=hot)
+    assert not any(map(any, other.calibrator("heads", "sampled").evidence()[1]))
+    assert law_key(hot) != law_key(SamplingParams(temperature=0.7)) == law_key(SamplingParams(temperature=0.71))
+
+
+def test_memory_keeps_a_bounded_number_of_laws():
+    mem = PolicyMemory()
+    for t in range(PolicyMemory.MAX_LAWS + 10):
+        policy = DynamicTree(4, MODERATE, memory=mem, law=SamplingParams(temperature=0.1 + 0.05 * t))
+        policy.observe(False, [(0, 0, 0.5, 0.2)], [], nodes=2, accepted=1, heads_ran=1.0)
+        mem.learn(policy)
+    laws = {key[2] for key in mem._evidence}
+    assert len(laws) == PolicyMemory.MAX_LAWS and law_key(SamplingParams(temperature=0.1)) not in laws
+    assert law_key(SamplingParams(temperature=0.1 + 0.05 * (PolicyMemory.MAX_LAWS + 9))) in laws
+
+
+def test_a_failed_request_teaches_the_engine_nothing(models):
+    loaded = specdec.load(models["llama"], heads="random", device="cpu")
+    loaded.engine.set_cost_model(MODERATE)
+
+    def bad(ev):
+        if ev.index == 3:
+            raise RuntimeError("a callback fails")
+    with pytest.raises(RuntimeError):
+        list(loaded.engine.stream(PROMPTS[1], N, tree="auto", eos_token_id=None, on_round=bad))
+    assert not loaded.engine.policy_memory._evidence
+    list(loaded.engine.stream(PROMPTS[1], N, tree="auto", eos_token_id=None))
+    assert loaded.engine.policy_memory._evidence
+
+
 def test_the_heads_probe_computes_only_the_first_head(llama):
     loaded = specdec.load(llama, heads="random", device="cpu")
     heads = loaded.heads
@@ -211,18 +258,28 @@ def test_dynamic_greedy_with_oracle_heads_grows_and_stays_exact(arch, models, hf
 
 
 def test_seeded_sampling_reproduces_whatever_ran_before(models):
-    """The policy's state is per request: a seeded request gives the same tokens and trees every time."""
-    loaded = specdec.load(models["llama"], heads="random", device="cpu")
+    """A seeded request gives the same tokens every time, though the engine's memory of the requests
+    before it changes its trees (tokens come from the position uniforms, not from the tree)."""
+    from bench.oracle import OracleHeads
+    model = models["llama"]
+    loaded = specdec.load(model, heads=OracleHeads(model, accuracy=0.8, seed=3), device="cpu")
     loaded.engine.set_cost_model(MODERATE)
     params = SamplingParams(temperature=0.8, top_p=0.95, seed=7)
+    plain = [t.token_id for e in loaded.engine.stream(PROMPTS[1], 30, params, speculative=False, eos_token_id=None)
+             for t in e.emitted]
+    loaded.engine.heads.begin(PROMPTS[1] + plain + [0] * 6)  # heads that draft this very continuation
 
     def run():
         events = list(loaded.engine.stream(PROMPTS[1], 30, params, tree="auto", eos_token_id=None))
         return [t.token_id for e in events for t in e.emitted], [len(e.nodes) for e in events]
 
     first = run()
-    list(loaded.engine.stream(PROMPTS[2], 30, params.replace(seed=99), tree="auto", eos_token_id=None))
-    assert run() == first
+    assert loaded.engine.policy_memory._evidence, "a finished request teaches the engine's memory"
+    for _ in range(3):
+        run()
+    again = run()
+    assert again[0] == first[0] == plain
+    assert again[1] != first[1], "the memory of the requests before must have changed the trees"
 
 
 # -- end to end: the sampled law --------------------------------------------------------------
