@@ -183,8 +183,9 @@ class PolicyMemory:
     probability says. Started cold, a request drafts the wrong amount until it has learned that
     again. So each finished request's calibration evidence is folded into this memory, per law
     (`law_key`: how often a sampled draft lands depends on the temperature and filters), and a new
-    request starts from a share of it. (Remembering the heads' running rate too, so that heads which
-    did not pay under a law rest from the next request's first round, measured no better.)
+    request starts from a share of it. Likewise where the heads' rests had got to: heads that failed
+    their probes under a law rest from the next request's first round, instead of being probed again
+    from the start (at T = 1.0 on the embedded model, about three probes a request that never pay).
 
     A tree never changes what a request emits (greedy: the argmax; sampling: each position's uniform,
     `sampler.position_uniforms`), so sharing what sizes the trees across requests keeps every output
@@ -196,6 +197,7 @@ class PolicyMemory:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._evidence: dict[tuple, tuple[list[list[float]], list[list[float]]]] = {}  # (kind, rows, law)
+        self._backoff: dict[tuple, int] = {}  # law -> how long the heads would rest next when its last request ended
 
     def warm(self, policy: "DynamicTree") -> None:
         """Start a new request from the memory of its law (when there is one)."""
@@ -206,6 +208,9 @@ class PolicyMemory:
                     found = self._evidence.get((kind, len(cal.score), law)) if law is not None else None
                     if found is not None:
                         cal.start_from(*found, WARM_SHARE)
+            backoff = self._backoff.get(policy.law)
+        if backoff is not None and backoff > FIRST_REST:
+            policy.resume_rest(backoff)
 
     def learn(self, policy: "DynamicTree") -> None:
         """Fold a finished request's evidence in (for the laws it decoded under)."""
@@ -222,10 +227,15 @@ class PolicyMemory:
                         outcome = [[MEMORY_KEEP * a + b for a, b in zip(ra, rb)] for ra, rb in zip(old[0], outcome)]
                         score = [[MEMORY_KEEP * a + b for a, b in zip(ra, rb)] for ra, rb in zip(old[1], score)]
                     self._evidence[key] = (outcome, score)
+            if policy.law is not None:
+                self._backoff.pop(policy.law, None)
+                self._backoff[policy.law] = policy.backoff
             laws = list(dict.fromkeys(key[2] for key in self._evidence))  # least recently learned first
             for gone in laws[: max(len(laws) - self.MAX_LAWS, 0)]:
                 for key in [k for k in self._evidence if k[2] == gone]:
                     del self._evidence[key]
+            while len(self._backoff) > self.MAX_LAWS:
+                self._backoff.pop(next(iter(self._backoff)))
 
 
 @dataclass(frozen=True)
@@ -272,6 +282,13 @@ class DynamicTree:
     def calibrator(self, kind: str, mode: str) -> Calibrator:
         """The calibrator of "heads" or "lookup" nodes in "greedy" or "sampled" mode."""
         return (self.heads_cal if kind == "heads" else self.lookup_cal)[mode]
+
+    def resume_rest(self, backoff: int) -> None:
+        """Begin where the last request under this law left off: its heads had failed their probes
+        until their next rest would last `backoff` rounds, so this one starts with the rest before that
+        (then a probe, then `backoff`), rather than probing them again from the first round."""
+        self.backoff = min(backoff, MAX_BACKOFF)
+        self.rest, self.probe = max(self.backoff // 4, FIRST_REST), True
 
     def law_of(self, mode: str) -> tuple | None:
         """The law a mode's calibrators learn under, as the memory files it (None: not known)."""

@@ -20,8 +20,8 @@ from specdec.cost import CostModel
 from specdec.draft_tree import best_tree, build_tree, expected_length
 from specdec.heads import HeadsConfig, MedusaHeads
 from specdec.sampler import SamplingParams, target_probs
-from specdec.tree_policy import (FIRST_REST, Calibrator, DynamicTree, PolicyMemory, _best_first, _row, head_scores,
-                                  law_key)
+from specdec.tree_policy import (FIRST_REST, MAX_BACKOFF, Calibrator, DynamicTree, PolicyMemory, _best_first, _row,
+                                  head_scores, law_key)
 from test_lossless import CONTEXT, FAIL_P, PARAMS, PASS_P, ROOT, V, chi2_pvalue, exact_joint, exact_law
 
 N = 24
@@ -189,6 +189,26 @@ def test_memory_warms_the_next_request_under_the_same_law():
     assert law_key(hot) != law_key(SamplingParams(temperature=0.7)) == law_key(SamplingParams(temperature=0.71))
 
 
+def test_memory_of_failed_probes_rests_the_heads_from_the_next_requests_first_round():
+    mem, law, cost = PolicyMemory(), SamplingParams(temperature=1.0), linear_cost(0.1, heads_ms=2.0)
+    first = DynamicTree(4, cost, memory=mem, law=law)
+    assert first.wants_heads(0, 10, greedy=False) == 1  # cold: a sampled request opens with a probe
+    for _ in range(3):  # probes that fail: rests of 4, 16 and 64 rounds
+        first.observe(False, [], [], nodes=2, accepted=1, heads_ran=0.25)
+        while first.wants_heads(0, 10, greedy=False) == 0:
+            pass
+    assert first.backoff == MAX_BACKOFF
+    mem.learn(first)
+    nxt = DynamicTree(4, cost, memory=mem, law=law)  # starts with the rest before the last: no opening probe
+    assert [nxt.wants_heads(0, 10, False) for _ in range(MAX_BACKOFF // 4 + 1)] == [0] * (MAX_BACKOFF // 4) + [1]
+    # another law, and heads whose last request ended paying, open as a cold request does
+    assert DynamicTree(4, cost, memory=mem, law=SamplingParams(temperature=0.5)).wants_heads(0, 10, False) == 1
+    paid = DynamicTree(4, cost, memory=mem, law=law)
+    paid.rest, paid.backoff = 0, FIRST_REST
+    mem.learn(paid)
+    assert DynamicTree(4, cost, memory=mem, law=law).wants_heads(0, 10, False) == 1
+
+
 def test_memory_keeps_a_bounded_number_of_laws():
     mem = PolicyMemory()
     for t in range(PolicyMemory.MAX_LAWS + 10):
@@ -198,6 +218,7 @@ def test_memory_keeps_a_bounded_number_of_laws():
     laws = {key[2] for key in mem._evidence}
     assert len(laws) == PolicyMemory.MAX_LAWS and law_key(SamplingParams(temperature=0.1)) not in laws
     assert law_key(SamplingParams(temperature=0.1 + 0.05 * (PolicyMemory.MAX_LAWS + 9))) in laws
+    assert len(mem._backoff) == PolicyMemory.MAX_LAWS
 
 
 def test_a_failed_request_teaches_the_engine_nothing(models):
