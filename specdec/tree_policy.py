@@ -197,7 +197,7 @@ class PolicyMemory:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._evidence: dict[tuple, tuple[list[list[float]], list[list[float]]]] = {}  # (kind, rows, law)
-        self._backoff: dict[tuple, int] = {}  # law -> how long the heads would rest next when its last request ended
+        self._backoff: dict[tuple, int] = {}  # (law, lookup) -> the heads' next rest when its last request ended
 
     def warm(self, policy: "DynamicTree") -> None:
         """Start a new request from the memory of its law (when there is one)."""
@@ -208,7 +208,7 @@ class PolicyMemory:
                     found = self._evidence.get((kind, len(cal.score), law)) if law is not None else None
                     if found is not None:
                         cal.start_from(*found, WARM_SHARE)
-            backoff = self._backoff.get(policy.law)
+            backoff = self._backoff.get((policy.law, policy.lookup))
         if backoff is not None and backoff > FIRST_REST:
             policy.resume_rest(backoff)
 
@@ -227,9 +227,10 @@ class PolicyMemory:
                         outcome = [[MEMORY_KEEP * a + b for a, b in zip(ra, rb)] for ra, rb in zip(old[0], outcome)]
                         score = [[MEMORY_KEEP * a + b for a, b in zip(ra, rb)] for ra, rb in zip(old[1], score)]
                     self._evidence[key] = (outcome, score)
-            if policy.law is not None:
-                self._backoff.pop(policy.law, None)
-                self._backoff[policy.law] = policy.backoff
+            if policy.law is not None:  # with prompt lookup the heads rest on other rounds: kept apart
+                key = (policy.law, policy.lookup)
+                self._backoff.pop(key, None)
+                self._backoff[key] = policy.backoff
             laws = list(dict.fromkeys(key[2] for key in self._evidence))  # least recently learned first
             for gone in laws[: max(len(laws) - self.MAX_LAWS, 0)]:
                 for key in [k for k in self._evidence if k[2] == gone]:
@@ -265,6 +266,7 @@ class DynamicTree:
         self.heads_cal = {m: Calibrator(num_heads * RANKS, PRIOR[m], stride=RANKS) for m in ("greedy", "sampled")}
         self.lookup_cal = {m: Calibrator(max(lookup, 1), LOOKUP_PRIOR[m]) for m in ("greedy", "sampled")}
         self.num_heads = num_heads
+        self.lookup = lookup
         self.rest = 0  # rounds left before the heads run again
         # The next heads round runs the first head alone: after a rest, and on a sampled request's
         # first round, before anything says the heads pay at its temperature (a greedy request opens
