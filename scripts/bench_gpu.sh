@@ -5,7 +5,8 @@
 #      2 KV heads, vocab 151936), built from a config (no download), bf16, batch 1, with oracle heads
 #      whose top-1 guess is right 80% of the time: HF eager and static-cache generate, specdec plain,
 #      chain, 16- and 64-node trees, the dynamic tree, prompt lookup. specdec runs with CUDA graphs.
-#   2. greedy exactness on CUDA, fp32, tiny models, graphs on and off (scripts/gpu_exactness.py);
+#   2. exactness on CUDA, fp32, tiny models, graphs on and off: greedy against HF generate, seeded sampling
+#      against plain sampling with the same seed (scripts/gpu_exactness.py);
 #   3. aggregate tokens/s of continuous batching at batch 1, 4 and 16 (scripts/batch_throughput.py);
 #   4. specdec without CUDA graphs (plain and 64-node tree), to show what the graphs buy;
 #   5. HF generate with a static cache, compiled (torch.compile "reduce-overhead"), in its own process:

@@ -68,7 +68,8 @@ class Engine:
         self._cost = cost
         self._cost_cache = cost_cache
         self._cost_lock = threading.Lock()
-        self.policy_memory = PolicyMemory()  # what finished requests taught the dynamic tree
+        # What finished requests taught the dynamic tree (None: every request starts cold).
+        self.policy_memory: PolicyMemory | None = PolicyMemory()
 
     # -- helpers -------------------------------------------------------------
     def token_text(self, token_id: int) -> str:
@@ -197,7 +198,7 @@ class Engine:
 
     def remember(self, run: "RunState", failed: bool = False) -> None:
         """A request is done: what its dynamic tree learned goes to the engine's memory (not after a failure)."""
-        if run.policy is not None and not failed:
+        if run.policy is not None and not failed and self.policy_memory is not None:
             self.policy_memory.learn(run.policy)
 
     def _open(self, plan: Plan) -> "RunState":

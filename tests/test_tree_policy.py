@@ -353,6 +353,9 @@ def dynamic_counts(model, n: int, seed0: int) -> tuple[np.ndarray, set[tuple[int
     loaded.engine.set_cost_model(linear_cost(0.03))
     counts, sizes = np.zeros((V, V)), set()
     for i in range(n):
+        # Each run from a fresh engine memory: with the memory of 2,000 runs before it, the heads would
+        # rest from the first round on, and the trees would stop varying with the run's own draws.
+        loaded.engine.policy_memory = PolicyMemory()
         events = list(loaded.engine.stream(CONTEXT + [ROOT], 6, PARAMS.replace(seed=seed0 + i), tree="auto",
                                            eos_token_id=None))
         toks = [t.token_id for e in events for t in e.emitted]
