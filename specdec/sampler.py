@@ -156,18 +156,29 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor | float) -> torch.Tensor:
     return torch.searchsorted(cdf, cdf[-1:] * u, right=True)  # [1]
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """Draw one token id from a [V] distribution (non-negative, not necessarily normalised).
-
-    Inverse-CDF sampling with one float64 uniform from `generator`. `torch.multinomial` draws from
-    the same law but cost ~75 us per [4096] row on a CPU, more than the rest of a sampling step;
-    this is ~10.
+def draw(probs: torch.Tensor, u: float, at: list[int] = ()) -> tuple[int, list[float], float]:
+    """The token drawn from a [V] distribution (non-negative, not necessarily normalised) at uniform u,
+    by inverse CDF, with probs at the ids `at` and at the drawn token: (token, [probs[i] for i in at],
+    probs[token]), in one host sync. Raises ValueError when the law has no positive finite mass.
     """
-    u = torch.rand(1, generator=generator, dtype=torch.float64, device=probs.device)  # [1] in [0, 1)
-    tok = int(inverse_cdf(probs, u).item())
+    y = inverse_cdf(probs, u)  # [1], V when the law has no mass
+    idx = y.clamp_max(probs.shape[-1] - 1)
+    if at:
+        idx = torch.cat([torch.tensor(at, dtype=torch.long, device=probs.device), idx])
+    host = torch.cat([y.to(probs.dtype), probs[idx]]).tolist()  # ids < 2**24 are exact in float32
+    tok = int(host[0])
     if tok >= probs.shape[-1]:  # no mass, or NaN: multinomial refused these; never return a token past V
         raise ValueError("sample: the distribution has no positive finite mass to draw from")
-    return tok
+    return tok, host[1:-1], host[-1]
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """Draw one token id from a [V] distribution with one float64 uniform from `generator` (`draw`).
+
+    `torch.multinomial` draws from the same law but cost ~75 us per [4096] row on a CPU, more than
+    the rest of a sampling step; this is ~10.
+    """
+    return draw(probs, float(torch.rand(1, generator=generator, dtype=torch.float64, device=probs.device)))[0]
 
 
 def position_uniforms(seed: int, n: int) -> list[float]:

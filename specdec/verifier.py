@@ -8,8 +8,8 @@ probability would be a bug.
 
 Glossary (as in vLLM's rejection sampler):
 - accepted token: a draft node the target agreed with;
-- correction token: drawn from the residual law r after every child of
-  the last accepted node was rejected;
+- correction token: the target's own token at the last accepted node when
+  it is none of its children (in law, a draw from the residual r);
 - bonus token: drawn from p at an accepted leaf (no children to try).
 
 Rules:
@@ -43,7 +43,7 @@ from typing import Callable, Sequence
 import torch
 
 from .draft_tree import Tree
-from .sampler import SamplingParams, inverse_cdf, target_probs
+from .sampler import SamplingParams, draw, target_probs
 
 ACCEPTANCE_RULES = ("greedy", "lossless", "typical")
 LOSSY_RULES = frozenset({"typical"})
@@ -137,7 +137,7 @@ def verify_greedy_batch(trees: list[tuple[list[int], Tree]], logits: torch.Tenso
 
 
 def verify(tokens: list[int], tree: Tree, logits_at: Callable[[int], torch.Tensor], params: SamplingParams,
-           rule: str, uniforms: Sequence[float] | torch.Generator | None,
+           rule: str, uniforms: Sequence[float],
            typical_eps: float = 0.09, typical_delta: float = 0.3) -> Verdict:
     """Walk the tree from the root and return the accepted path.
 
@@ -149,19 +149,14 @@ def verify(tokens: list[int], tree: Tree, logits_at: Callable[[int], torch.Tenso
             projection runs on at most D + 1 rows.
         params: sampler settings shaping p (the same filters as plain sampling).
         rule: "greedy", "lossless" or "typical" (lossy).
-        uniforms: the only source of randomness. uniforms[d] in [0, 1) draws the token chosen at depth d
-            (the request's position uniforms from the root's position on: `sampler.position_uniforms`);
-            or a torch.Generator (or None: torch's default one) to draw a fresh uniform per depth.
+        uniforms: the only source of randomness: uniforms[d] in [0, 1) draws the token chosen at depth d
+            (the request's position uniforms from the root's position on, `sampler.position_uniforms`;
+            greedy verification reads none).
     """
     if rule not in ACCEPTANCE_RULES:
         raise ValueError(f"acceptance rule must be one of {ACCEPTANCE_RULES}, got {rule!r}")
     if params.greedy and rule != "greedy":
         rule = "greedy"  # temperature 0: every rule reduces to the argmax
-    if uniforms is None or isinstance(uniforms, torch.Generator):
-        gen = uniforms
-        uniform = lambda d: float(torch.rand(1, generator=gen, dtype=torch.float64))  # noqa: E731
-    else:
-        uniform = uniforms.__getitem__
     accepted = [0]
     target_prob: dict[int, float] = {}
     rejected: list[int] = []
@@ -192,13 +187,13 @@ def verify(tokens: list[int], tree: Tree, logits_at: Callable[[int], torch.Tenso
                     break
                 rejected.append(c)
             if chosen is None:
-                tok, _, pt = _draw(p, [], uniform(len(accepted) - 1))
+                tok, _, pt = draw(p, uniforms[len(accepted) - 1])
                 return Verdict(tuple(accepted), tok, "correction" if kids else "bonus", pt, target_prob,
                                tuple(rejected))
         else:
             p = target_probs(row, params)  # [V] float32, the filtered target law
             # The target's token here, and p at it and at every child, in one host sync.
-            tok, px, pt = _draw(p, [tokens[c] for c in kids], uniform(len(accepted) - 1))
+            tok, px, pt = draw(p, uniforms[len(accepted) - 1], [tokens[c] for c in kids])
             target_prob.update(zip(kids, px))
             chosen = next((c for c in kids if tokens[c] == tok), None)
             rejected.extend(c for c in kids if c != chosen)  # compared with the target's token and lost
@@ -208,16 +203,3 @@ def verify(tokens: list[int], tree: Tree, logits_at: Callable[[int], torch.Tenso
         accepted.append(chosen)
         node = chosen
 
-
-def _draw(p: torch.Tensor, kids: list[int], u: float) -> tuple[int, list[float], float]:
-    """Inverse-CDF draw of a token from p [V] at uniform u, with p at `kids` and at the drawn token:
-    (token, [p(kid)], p(token)), in one host sync."""
-    y = inverse_cdf(p, u)  # [1], V when p has no mass
-    at = y.clamp_max(p.shape[-1] - 1)
-    if kids:
-        at = torch.cat([torch.tensor(kids, dtype=torch.long, device=p.device), at])
-    host = torch.cat([y.to(p.dtype), p[at]]).tolist()  # ids < 2**24 are exact in float32
-    tok = int(host[0])
-    if tok >= p.shape[-1]:  # no mass, or NaN: never return a token past V
-        raise ValueError("sample: the distribution has no positive finite mass to draw from")
-    return tok, host[1:-1], host[-1]

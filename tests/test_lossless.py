@@ -110,7 +110,8 @@ class Rounds:
 
     def emit(self, round_data, params, rule, gen) -> list[int]:
         tokens, logits = round_data
-        v = verify(tokens, self.tree, lambda i: logits[i], params, rule, gen)
+        uniforms = torch.rand(self.tree.max_depth + 1, generator=gen, dtype=torch.float64).tolist()
+        v = verify(tokens, self.tree, lambda i: logits[i], params, rule, uniforms)
         return [tokens[i] for i in v.accepted[1:]] + [v.next_token]
 
     def sample_two(self, params, rule, gen) -> tuple[int, int]:
@@ -171,8 +172,8 @@ def test_verify_is_lossless(rounds, joint, record_property):
 
 def always_accept(real):
     """A planted bug: the verifier accepts the first child the filters allow, whatever token the target drew."""
-    def draw(p, kids, u):
-        tok, px, pt = real(p, kids, u)
+    def draw(p, u, kids=()):
+        tok, px, pt = real(p, u, kids)
         allowed = [k for k, x in zip(kids, px) if x > 0]
         return (allowed[0], px, px[kids.index(allowed[0])]) if allowed else (tok, px, pt)
     return draw
@@ -180,7 +181,7 @@ def always_accept(real):
 
 def test_negative_control_always_accept(rounds, joint, monkeypatch):
     """A verifier that accepts any candidate the filters allow is not lossless."""
-    monkeypatch.setattr(verifier_mod, "_draw", always_accept(verifier_mod._draw))
+    monkeypatch.setattr(verifier_mod, "draw", always_accept(verifier_mod.draw))
     counts = draw(rounds, N_CONTROL, seed=2024)
     p = chi2_pvalue(counts, joint)
     print(f"\n[{rounds.tree.num_nodes}-node tree] always-accept control p = {p:.4g}")
@@ -383,7 +384,7 @@ def test_engine_with_lookup_negative_control_always_accept(model, joint_after_fi
         if not tree.lookup:
             return real(tokens, tree, logits_at, params, rule, uniforms, **kw)
         # "first" mode: the chain hangs from the root. Take all of it, then a bonus token from p.
-        tok, _, _ = verifier_mod._draw(target_probs(logits_at(tree.lookup[-1]), params), [], uniforms[len(tree.lookup)])
+        tok, _, _ = verifier_mod.draw(target_probs(logits_at(tree.lookup[-1]), params), uniforms[len(tree.lookup)])
         return verifier_mod.Verdict((0,) + tree.lookup, tok, "bonus", 0.0, {}, ())
 
     import specdec.engine as engine_mod

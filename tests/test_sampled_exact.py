@@ -135,14 +135,14 @@ def test_negative_control_a_planted_bug_breaks_the_equality(bug, oracles, monkey
             return real_verify(tokens_, tree, logits_at, params, rule, uniforms, **kw)
         monkeypatch.setattr(engine_mod, "verify", shifted)
     else:
-        real_draw = verifier_mod._draw
+        real_draw = verifier_mod.draw
 
-        def unfiltered(p, kids, u):
+        def unfiltered(p, u, kids=()):
             if kids:  # a node with children: a tree round's, never the plain reference's
                 p = p.clone()
                 p[p == 0] = p[p > 0].min() / 2
-            return real_draw(p, kids, u)
-        monkeypatch.setattr(verifier_mod, "_draw", unfiltered)
+            return real_draw(p, u, kids)
+        monkeypatch.setattr(verifier_mod, "draw", unfiltered)
     loaded, mismatches = oracles["llama"], 0
     for s in SEEDS:
         for prompt in PROMPTS:

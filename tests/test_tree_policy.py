@@ -400,7 +400,7 @@ def test_dynamic_tree_negative_control_accepts_first_children(small_model, joint
         path = [0]
         while tree.children[path[-1]]:
             path.append(tree.children[path[-1]][0])
-        tok, _, _ = verifier_mod._draw(target_probs(logits_at(path[-1]), params), [], uniforms[len(path) - 1])
+        tok, _, _ = verifier_mod.draw(target_probs(logits_at(path[-1]), params), uniforms[len(path) - 1])
         return verifier_mod.Verdict(tuple(path), tok, "bonus", 0.0, {}, ())
 
     monkeypatch.setattr(engine_mod, "verify", accept_first)

@@ -21,6 +21,11 @@ TOKENS = [7, 1, 2, 3, 4, 3, 5]  # node -> token
 SAMPLING = SamplingParams(temperature=1.0)
 
 
+def fresh(gen: torch.Generator) -> list[float]:
+    """One uniform per depth of any tree here, new from `gen` at each call (a request's position uniforms)."""
+    return torch.rand(8, generator=gen, dtype=torch.float64).tolist()
+
+
 def onehot_logits(best: dict[int, int]) -> dict[int, torch.Tensor]:
     """node -> [V] logits with +100 on the target's choice and -100 elsewhere."""
     out = {}
@@ -60,7 +65,7 @@ class Probe:
 ])
 def test_exact_cases(rule, params, best, path, next_tok, kind):
     probe = Probe(onehot_logits(best))
-    v = verify(TOKENS, TREE, probe, params, rule, torch.Generator().manual_seed(0))
+    v = verify(TOKENS, TREE, probe, params, rule, fresh(torch.Generator().manual_seed(0)))
     assert v.accepted == path
     assert v.next_token == next_tok and v.next_kind == kind
     assert v.next_prob == pytest.approx(1.0)
@@ -77,23 +82,24 @@ def test_exact_cases(rule, params, best, path, next_tok, kind):
 
 def test_rejected_children_are_recorded_in_order():
     rows = onehot_logits({0: 2, 2: 6})
-    v = verify(TOKENS, TREE, rows.__getitem__, SAMPLING, "lossless", torch.Generator().manual_seed(0))
+    v = verify(TOKENS, TREE, rows.__getitem__, SAMPLING, "lossless", fresh(torch.Generator().manual_seed(0)))
     assert v.accepted == (0, 2) and v.rejected == (1, 5)
     assert v.next_kind == "correction" and v.next_token == 6
-    v = verify(TOKENS, TREE, onehot_logits({0: 0}).__getitem__, SAMPLING, "lossless", torch.Generator().manual_seed(0))
+    v = verify(TOKENS, TREE, onehot_logits({0: 0}).__getitem__, SAMPLING, "lossless",
+               fresh(torch.Generator().manual_seed(0)))
     assert v.rejected == (1, 2) and v.accepted == (0,)
 
 
 def test_temperature_zero_forces_greedy():
     rows = {n: torch.randn(V, generator=torch.Generator().manual_seed(n)) for n in range(TREE.num_nodes)}
     for rule in ACCEPTANCE_RULES:
-        v = verify(TOKENS, TREE, rows.__getitem__, SamplingParams(), rule, None)
+        v = verify(TOKENS, TREE, rows.__getitem__, SamplingParams(), rule, ())  # greedy reads no uniform
         assert v.next_token == int(rows[v.accepted[-1]].argmax())
 
 
 def test_invalid_rule_raises():
     with pytest.raises(ValueError, match="acceptance rule"):
-        verify(TOKENS, TREE, onehot_logits({}).__getitem__, SAMPLING, "speculative", None)
+        verify(TOKENS, TREE, onehot_logits({}).__getitem__, SAMPLING, "speculative", ())
 
 
 @pytest.mark.parametrize("rule", [r for r in ACCEPTANCE_RULES if r != "greedy"])  # the sampling rules
@@ -105,7 +111,7 @@ def test_a_rule_is_labelled_lossy_exactly_when_it_changes_the_law(rule):
     rows = [p.log(), torch.zeros(V)]
     n, emitted_x = 2000, 0
     for s in range(n):
-        v = verify([0, 2], tree, rows.__getitem__, SAMPLING, rule, torch.Generator().manual_seed(s))
+        v = verify([0, 2], tree, rows.__getitem__, SAMPLING, rule, fresh(torch.Generator().manual_seed(s)))
         emitted_x += v.accepted == (0, 1) or v.next_token == 2  # the first new token is x
     freq = emitted_x / n
     assert (abs(freq - 0.4) > 0.1) == (rule in LOSSY_RULES), (rule, freq)  # 0.1: over 9 standard errors
@@ -120,7 +126,7 @@ def test_filters_apply_on_the_verification_path():
         g = torch.Generator().manual_seed(1)
         for _ in range(200):
             # root children are tokens 1 (node 1) and 2 (node 2); only 1 survives the filter
-            v = verify([7, 2, 1, 3, 4, 3, 5], TREE, rows.__getitem__, params, "lossless", g)
+            v = verify([7, 2, 1, 3, 4, 3, 5], TREE, rows.__getitem__, params, "lossless", fresh(g))
             assert v.accepted[:2] == (0, 2)
             assert v.target_prob[1] == 0.0 and v.target_prob[2] == pytest.approx(1.0)
 
@@ -133,7 +139,7 @@ def test_rejection_renormalises_the_residual():
     g = torch.Generator().manual_seed(3)
     firsts = []
     for _ in range(400):
-        v = verify([7, 0, 1, 3, 4, 3, 5], TREE, rows.__getitem__, SAMPLING, "lossless", g)
+        v = verify([7, 0, 1, 3, 4, 3, 5], TREE, rows.__getitem__, SAMPLING, "lossless", fresh(g))
         assert len(v.accepted) >= 2, "with only tokens 0 and 1 in the support, a root child is always accepted"
         firsts.append(v.accepted[1])
     assert 150 < firsts.count(1) < 250  # about half each
@@ -146,7 +152,7 @@ def test_seeded_generator_reproduces_verdicts():
 
     def run(seed):
         gen = torch.Generator().manual_seed(seed)
-        return [verify(toks, TREE, rows.__getitem__, SAMPLING, "lossless", gen) for _ in range(30)]
+        return [verify(toks, TREE, rows.__getitem__, SAMPLING, "lossless", fresh(gen)) for _ in range(30)]
 
     assert run(5) == run(5)
     assert run(5) != run(6)
@@ -158,7 +164,7 @@ def test_typical_accepts_by_threshold_not_by_chance():
     rows = {n: row for n in range(TREE.num_nodes)}
     for seed in range(20):
         g = torch.Generator().manual_seed(seed)
-        v = verify([7, 0, 1, 3, 4, 3, 5], TREE, rows.__getitem__, SAMPLING, "typical", g)
+        v = verify([7, 0, 1, 3, 4, 3, 5], TREE, rows.__getitem__, SAMPLING, "typical", fresh(g))
         assert v.rejected[0] == 1 and v.accepted[1] == 2  # token 0 (p .001) rejected, token 1 (p .3) accepted
 
 
@@ -189,7 +195,7 @@ def test_batched_greedy_verify_equals_row_by_row(preset):
                         tokens[c] = (tokens[c] + 1) % V
                     seen.add(tokens[c])
             a = verify_greedy(tokens, tree, logits)
-            b = verify(tokens, tree, lambda i: logits[i], SamplingParams(), "greedy", None)
+            b = verify(tokens, tree, lambda i: logits[i], SamplingParams(), "greedy", ())
             assert (a.accepted, a.next_token, a.next_kind, a.rejected) == (b.accepted, b.next_token, b.next_kind,
                                                                             b.rejected)
             assert a.target_prob.keys() == b.target_prob.keys()
