@@ -372,9 +372,8 @@ class DynamicTree:
     def _head_estimates(self, q, room: int, mode: str) -> list[list[float]]:
         if q is None:
             return []
-        ratios, edges = self.heads_cal[mode].ratios(), BIN_EDGES  # as Calibrator.estimate, inlined: 40 a round
-        return [[min(1.0, x * ratios[_row(d, r)][bisect.bisect_right(edges, x) - 1]) for r, x in enumerate(row)]
-                for d, row in enumerate(q[: min(len(q), room)])]
+        cal = self.heads_cal[mode]
+        return [[cal.estimate(_row(d, r), x) for r, x in enumerate(row)] for d, row in enumerate(q[: min(len(q), room)])]
 
     def _lookup_estimates(self, chain: int, room: int, mode: str) -> list[float]:
         cal = self.lookup_cal[mode]
