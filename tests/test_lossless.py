@@ -247,6 +247,14 @@ def engine_counts(model, tree: str, n: int, seed0: int, prefix_cache=None, graph
     return counts
 
 
+def assert_follows(counts: np.ndarray, law: np.ndarray, label: str) -> None:
+    """Nothing the law forbids was emitted, and the counts fit it (chi-square p > PASS_P)."""
+    assert counts[law == 0].sum() == 0
+    p = chi2_pvalue(counts, law)
+    print(f"\n[{label}] chi-square p = {p:.4g}")
+    assert p > PASS_P
+
+
 @pytest.fixture(scope="module")
 def joint_after_first(model):
     """Exact law of (t2, t3) after the prompt, t1 marginalised out. [V, V]"""
@@ -259,20 +267,14 @@ def joint_after_first(model):
 @pytest.mark.parametrize("tree", ["default", "chain"])
 def test_engine_is_lossless(model, joint_after_first, tree):
     counts = engine_counts(model, tree, N_ENGINE, seed0=10_000)
-    assert counts[joint_after_first == 0].sum() == 0
-    p = chi2_pvalue(counts, joint_after_first)
-    print(f"\n[engine, {tree}] chi-square p = {p:.4g}")
-    assert p > PASS_P
+    assert_follows(counts, joint_after_first, f"engine, {tree}")
 
 
 @pytest.mark.slow
 def test_engine_through_graphs_is_lossless(model, joint_after_first):
     """The captured-forward path (pooled buffer, padded buckets, mask built from device inputs)."""
     counts = engine_counts(model, "default", N_ENGINE, seed0=30_000, graphs=True)
-    assert counts[joint_after_first == 0].sum() == 0
-    p = chi2_pvalue(counts, joint_after_first)
-    print(f"\n[engine, graphs] chi-square p = {p:.4g}")
-    assert p > PASS_P
+    assert_follows(counts, joint_after_first, "engine, graphs")
 
 
 @pytest.mark.slow
@@ -293,10 +295,7 @@ def test_graphs_negative_control_tree_rows_as_a_chain(model, joint_after_first, 
 def test_engine_with_half_precision_heads_is_lossless(model, joint_after_first):
     """Heads whose vocabulary projections are fp16 (what `specdec.load` picks on a fast-fp16 CPU) only draft."""
     counts = engine_counts(model, "default", N_ENGINE, seed0=40_000, heads_dtype="float16")
-    assert counts[joint_after_first == 0].sum() == 0
-    p = chi2_pvalue(counts, joint_after_first)
-    print(f"\n[engine, fp16 heads] chi-square p = {p:.4g}")
-    assert p > PASS_P
+    assert_follows(counts, joint_after_first, "engine, fp16 heads")
 
 
 @pytest.mark.slow
