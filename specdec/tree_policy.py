@@ -17,9 +17,10 @@ using one static shape. specdec does the same from Medusa heads:
 4. size: the round keeps the prefix with the most expected tokens per second under the measured
    `CostModel`, down to the root alone (a plain round) when nothing is worth drafting.
 
-When even the best tree does not pay for the heads' own forward, the heads rest for 4, 16, 64
-rounds (lookup chains can still be drafted meanwhile) and are then probed again, with their first
-head alone (a quarter of the cost); two probes in a row that pay bring them all back.
+When the rounds that ran the heads yield less per second than plain rounds (a slow running average,
+first judged after TRIAL rounds), the heads rest for 4, 16, 64 rounds (lookup chains can still be
+drafted meanwhile) and are then probed again, with their first head alone (a quarter of the cost);
+two probes in a row that pay bring them all back, on a fresh trial.
 
 Every choice is a function of committed tokens, the round's params and the policy's state,
 which only earlier rounds' verdicts update, so a round's tree never depends on its own random
@@ -51,7 +52,12 @@ DECAY = 0.97  # per round: about 30 rounds of memory, so a slider change is lear
 # Measured on the embedded model: greedy 0.66 then 0.9; sampled 0.37 then 0.5-0.9 at T = 0.7,
 # 0.17 then 0.4-0.7 at T = 1.0.
 LOOKUP_PRIOR = {"greedy": (0.6, 0.9), "sampled": (0.3, 0.6)}
-RATE_WEIGHT = 0.3  # how fast the heads' running rate follows new rounds
+# How fast the heads' running rate follows new rounds. Slow: on distilled heads a bad stretch says
+# little about the next rounds (measured: the least promising quarter of contexts still paid for a
+# chain), and a rest then costs more than it saves. Heads that do not pay (random heads, a hot
+# temperature) show it in their average too, a few rounds later.
+RATE_WEIGHT = 0.1
+TRIAL = 4  # full rounds the heads run before their first judgement (cold, or back from a rest)
 MEMORY_KEEP = 0.5  # the share of the engine's calibration memory a finished request leaves in place
 WARM_SHARE = 0.5  # the share of that memory a new request starts from (its evidence then decays as its own)
 RANKS = 3  # calibration rows per head: rank 0, rank 1, ranks 2+ (a head's first guess is special)
@@ -183,9 +189,12 @@ class PolicyMemory:
     probability says. Started cold, a request drafts the wrong amount until it has learned that
     again. So each finished request's calibration evidence is folded into this memory, per law
     (`law_key`: how often a sampled draft lands depends on the temperature and filters), and a new
-    request starts from a share of it. Likewise where the heads' rests had got to: heads that failed
-    their probes under a law rest from the next request's first round, instead of being probed again
-    from the start (at T = 1.0 on the embedded model, about three probes a request that never pay).
+    request starts from a share of it. Likewise the heads' rest schedule, per law and lookup length:
+    the next request goes on from where the last one left it, as if the requests were one stream.
+    Heads that failed their probes keep resting for the rest of their rest (at T = 1.0 on the
+    embedded model, a fresh schedule probed them one to three times a request, and they never
+    paid), and heads that were paying keep their running rate, so one unlucky first round does not
+    rest them (it did, in greedy decoding: the rate had nothing else to average with).
 
     A tree never changes what a request emits (greedy: the argmax; sampling: each position's uniform,
     `sampler.position_uniforms`), so sharing what sizes the trees across requests keeps every output
@@ -197,7 +206,8 @@ class PolicyMemory:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._evidence: dict[tuple, tuple[list[list[float]], list[list[float]]]] = {}  # (kind, rows, law)
-        self._backoff: dict[tuple, int] = {}  # (law, lookup) -> the heads' next rest when its last request ended
+        # (law, lookup) -> where the heads' rests stood when its last request ended: `DynamicTree.schedule`
+        self._schedule: dict[tuple, tuple[int, int, float | None]] = {}
 
     def warm(self, policy: "DynamicTree") -> None:
         """Start a new request from the memory of its law (when there is one)."""
@@ -208,9 +218,9 @@ class PolicyMemory:
                     found = self._evidence.get((kind, len(cal.score), law)) if law is not None else None
                     if found is not None:
                         cal.start_from(*found, WARM_SHARE)
-            backoff = self._backoff.get((policy.law, policy.lookup))
-        if backoff is not None and backoff > FIRST_REST:
-            policy.resume_rest(backoff)
+            schedule = self._schedule.get((policy.law, policy.lookup))
+        if schedule is not None:
+            policy.resume(*schedule)
 
     def learn(self, policy: "DynamicTree") -> None:
         """Fold a finished request's evidence in (for the laws it decoded under)."""
@@ -229,14 +239,14 @@ class PolicyMemory:
                     self._evidence[key] = (outcome, score)
             if policy.law is not None:  # with prompt lookup the heads rest on other rounds: kept apart
                 key = (policy.law, policy.lookup)
-                self._backoff.pop(key, None)
-                self._backoff[key] = policy.backoff
+                self._schedule.pop(key, None)
+                self._schedule[key] = policy.schedule()
             laws = list(dict.fromkeys(key[2] for key in self._evidence))  # least recently learned first
             for gone in laws[: max(len(laws) - self.MAX_LAWS, 0)]:
                 for key in [k for k in self._evidence if k[2] == gone]:
                     del self._evidence[key]
-            while len(self._backoff) > self.MAX_LAWS:
-                self._backoff.pop(next(iter(self._backoff)))
+            while len(self._schedule) > self.MAX_LAWS:
+                self._schedule.pop(next(iter(self._schedule)))
 
 
 @dataclass(frozen=True)
@@ -275,6 +285,7 @@ class DynamicTree:
         self.probe_wins = 0  # probes in a row that beat plain decoding
         self.backoff = FIRST_REST
         self.heads_rate: float | None = None  # running tokens/s that rounds with every head actually yielded
+        self._trial: list[float] = []  # the first full rounds' rates, before heads_rate exists
         # What the heads' own nodes added to recent trees (running averages): expected tokens and nodes.
         self.heads_gain, self.heads_nodes = 0.0, 0.0
         self.law = law_key(law) if law is not None else None  # the request's first law: what it shares
@@ -285,12 +296,20 @@ class DynamicTree:
         """The calibrator of "heads" or "lookup" nodes in "greedy" or "sampled" mode."""
         return (self.heads_cal if kind == "heads" else self.lookup_cal)[mode]
 
-    def resume_rest(self, backoff: int) -> None:
-        """Begin where the last request under this law left off: its heads had failed their probes
-        until their next rest would last `backoff` rounds, so this one starts with the rest before that
-        (then a probe, then `backoff`), rather than probing them again from the first round."""
-        self.backoff = min(backoff, MAX_BACKOFF)
-        self.rest, self.probe = max(self.backoff // 4, FIRST_REST), True
+    def schedule(self) -> tuple[int, int, float | None]:
+        """Where the heads' rests stand: (the next rest's length, rounds of the current rest left, the
+        heads' running rate ÷ plain decoding's, None before any full round), for `resume`."""
+        ratio = None if self.heads_rate is None else self.heads_rate * self._round_s[0]
+        return self.backoff, self.rest, ratio
+
+    def resume(self, backoff: int, rest: int, ratio: float | None) -> None:
+        """Go on from another request's `schedule` (the last one under this law): its running rate, and,
+        where its heads had failed and not yet paid again, the rest of their rest, then a probe."""
+        if ratio is not None:
+            self.heads_rate = ratio / self._round_s[0]
+        if backoff > FIRST_REST:  # failed, and not back since (paying resets the backoff)
+            self.backoff = min(backoff, MAX_BACKOFF)
+            self.rest, self.probe = max(rest, 0), True
 
     def law_of(self, mode: str) -> tuple | None:
         """The law a mode's calibrators learn under, as the memory files it (None: not known)."""
@@ -418,15 +437,21 @@ class DynamicTree:
             # luck (a flat law accepts a depth-1 draft a quarter of the time): two in a row bring
             # the heads back; a failure rests them longer.
             self.probe_wins = self.probe_wins + 1 if got > plain else 0
-            if self.probe_wins >= 2:
-                self.probe_wins, self.backoff = 0, FIRST_REST
+            if self.probe_wins >= 2:  # back, on a fresh trial: the old rate is what rested them
+                self.probe_wins, self.backoff, self.heads_rate, self._trial = 0, FIRST_REST, None, []
             elif self.probe_wins:
                 self.rest, self.probe = 1, True
             else:
                 self._rest()
             return
         rate = self.heads_rate
-        self.heads_rate = got if rate is None else rate + RATE_WEIGHT * (got - rate)
+        if rate is None:  # judged only after a trial: one unlucky round says little
+            self._trial.append(got)
+            if len(self._trial) < TRIAL:
+                return
+            self.heads_rate, self._trial = sum(self._trial) / len(self._trial), []
+        else:
+            self.heads_rate = rate + RATE_WEIGHT * (got - rate)
         # A full round must beat plain clearly to override the running average on its own.
         if got > STRONG * plain or self.heads_rate > plain:
             self.backoff = FIRST_REST

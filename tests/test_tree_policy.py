@@ -20,7 +20,7 @@ from specdec.cost import CostModel
 from specdec.draft_tree import best_tree, build_tree, expected_length
 from specdec.heads import HeadsConfig, MedusaHeads
 from specdec.sampler import SamplingParams, target_probs
-from specdec.tree_policy import (FIRST_REST, MAX_BACKOFF, Calibrator, DynamicTree, PolicyMemory, _best_first, _row,
+from specdec.tree_policy import (FIRST_REST, MAX_BACKOFF, TRIAL, Calibrator, DynamicTree, PolicyMemory, _best_first, _row,
                                   head_scores, law_key)
 from test_lossless import CONTEXT, FAIL_P, PARAMS, PASS_P, ROOT, V, chi2_pvalue, exact_joint, exact_law
 
@@ -157,7 +157,10 @@ def test_heads_rest_after_rounds_that_did_not_pay_and_come_back_through_a_probe(
     assert policy.wants_heads(0, 10, greedy=True) == 0 and policy.wants_heads(0, 10, greedy=True) == 1
     policy.observe(True, [(0, 0, 0.9, 1.0)], [], nodes=2, accepted=2, heads_ran=0.25)
     assert policy.wants_heads(0, 10, greedy=True) == 4  # two good probes: all four heads
-    policy.observe(True, [(0, 0, 0.9, 0.0)], [], nodes=8, accepted=1, heads_ran=1.0)  # nothing accepted
+    for _ in range(TRIAL - 1):  # full rounds that accept nothing: judged only after a trial of TRIAL rounds
+        policy.observe(True, [(0, 0, 0.9, 0.0)], [], nodes=8, accepted=1, heads_ran=1.0)
+        assert policy.wants_heads(0, 10, greedy=True) == 4
+    policy.observe(True, [(0, 0, 0.9, 0.0)], [], nodes=8, accepted=1, heads_ran=1.0)
     # a rest, then a probe with the first head alone
     assert [policy.wants_heads(0, 10, True) for _ in range(FIRST_REST + 1)] == [0] * FIRST_REST + [1]
     policy.observe(True, [(0, 0, 0.9, 0.0)], [], nodes=2, accepted=1, heads_ran=0.25)  # the probe failed
@@ -189,24 +192,44 @@ def test_memory_warms_the_next_request_under_the_same_law():
     assert law_key(hot) != law_key(SamplingParams(temperature=0.7)) == law_key(SamplingParams(temperature=0.71))
 
 
-def test_memory_of_failed_probes_rests_the_heads_from_the_next_requests_first_round():
+def test_memory_goes_on_with_the_rest_where_the_last_request_left_it():
     mem, law, cost = PolicyMemory(), SamplingParams(temperature=1.0), linear_cost(0.1, heads_ms=2.0)
     first = DynamicTree(4, cost, memory=mem, law=law)
     assert first.wants_heads(0, 10, greedy=False) == 1  # cold: a sampled request opens with a probe
-    for _ in range(3):  # probes that fail: rests of 4, 16 and 64 rounds
+    for rest in (FIRST_REST, 4 * FIRST_REST, MAX_BACKOFF):  # probes that fail: rests of 4, 16 and 64 rounds
         first.observe(False, [], [], nodes=2, accepted=1, heads_ran=0.25)
-        while first.wants_heads(0, 10, greedy=False) == 0:
-            pass
-    assert first.backoff == MAX_BACKOFF
+        assert first.rest == rest
+        if rest < MAX_BACKOFF:
+            while first.wants_heads(0, 10, greedy=False) == 0:
+                pass
+    assert [first.wants_heads(0, 10, False) for _ in range(10)] == [0] * 10  # ends 10 rounds into its last rest
     mem.learn(first)
-    nxt = DynamicTree(4, cost, memory=mem, law=law)  # starts with the rest before the last: no opening probe
-    assert [nxt.wants_heads(0, 10, False) for _ in range(MAX_BACKOFF // 4 + 1)] == [0] * (MAX_BACKOFF // 4) + [1]
+    nxt = DynamicTree(4, cost, memory=mem, law=law)  # the rest of that rest, then a probe: no opening probe
+    assert [nxt.wants_heads(0, 10, False) for _ in range(MAX_BACKOFF - 10 + 1)] == [0] * (MAX_BACKOFF - 10) + [1]
+    nxt.observe(False, [], [], nodes=2, accepted=1, heads_ran=0.25)  # the probe fails: a full rest again
+    assert nxt.rest == MAX_BACKOFF
     # another law, and heads whose last request ended paying, open as a cold request does
     assert DynamicTree(4, cost, memory=mem, law=SamplingParams(temperature=0.5)).wants_heads(0, 10, False) == 1
     paid = DynamicTree(4, cost, memory=mem, law=law)
     paid.rest, paid.backoff = 0, FIRST_REST
     mem.learn(paid)
     assert DynamicTree(4, cost, memory=mem, law=law).wants_heads(0, 10, False) == 1
+
+
+def test_memory_keeps_the_heads_running_rate_so_one_bad_first_round_does_not_rest_them():
+    mem, greedy, cost = PolicyMemory(), SamplingParams(), linear_cost(0.1, heads_ms=0.5)
+    first = DynamicTree(4, cost, memory=mem, law=greedy)
+    for _ in range(10):  # full rounds that pay well: 4 tokens from 5 nodes
+        assert first.wants_heads(0, 10, greedy=True) == 4
+        first.observe(True, [], [], nodes=5, accepted=4, heads_ran=1.0)
+    mem.learn(first)
+    assert mem._schedule[(law_key(greedy), 0)][2] > 2  # about 2.4x plain decoding's rate
+    for warm, rests in ((DynamicTree(4, cost), True), (DynamicTree(4, cost, memory=mem, law=greedy), False)):
+        for _ in range(TRIAL):  # a bad start: rounds that accept nothing
+            assert warm.wants_heads(0, 10, greedy=True) == 4
+            warm.observe(True, [], [], nodes=16, accepted=1, heads_ran=1.0)
+        assert (warm.rest > 0) == rests  # cold, those rounds are all the rate knows; warm, a few of many
+    assert mem._schedule[(law_key(greedy), 0)][:2] == (FIRST_REST, 0)
 
 
 def test_memory_keeps_a_bounded_number_of_laws():
@@ -218,7 +241,7 @@ def test_memory_keeps_a_bounded_number_of_laws():
     laws = {key[2] for key in mem._evidence}
     assert len(laws) == PolicyMemory.MAX_LAWS and law_key(SamplingParams(temperature=0.1)) not in laws
     assert law_key(SamplingParams(temperature=0.1 + 0.05 * (PolicyMemory.MAX_LAWS + 9))) in laws
-    assert len(mem._backoff) == PolicyMemory.MAX_LAWS
+    assert len(mem._schedule) == PolicyMemory.MAX_LAWS
 
 
 def test_a_failed_request_teaches_the_engine_nothing(models):
