@@ -18,7 +18,7 @@ using one static shape. specdec does the same from Medusa heads:
    `CostModel`, down to the root alone (a plain round) when nothing is worth drafting.
 
 When the rounds that ran the heads yield less per second than plain rounds (a slow running average,
-first judged after TRIAL rounds), the heads rest for 4, 16, 64 rounds (lookup chains can still be
+in greedy decoding first judged after a trial), the heads rest for 4, 16, 64 rounds (lookup chains can still be
 drafted meanwhile) and are then probed again, with their first head alone (a quarter of the cost);
 two probes in a row that pay bring them all back, on a fresh trial.
 
@@ -52,12 +52,16 @@ DECAY = 0.97  # per round: about 30 rounds of memory, so a slider change is lear
 # Measured on the embedded model: greedy 0.66 then 0.9; sampled 0.37 then 0.5-0.9 at T = 0.7,
 # 0.17 then 0.4-0.7 at T = 1.0.
 LOOKUP_PRIOR = {"greedy": (0.6, 0.9), "sampled": (0.3, 0.6)}
-# How fast the heads' running rate follows new rounds. Slow: on distilled heads a bad stretch says
-# little about the next rounds (measured: the least promising quarter of contexts still paid for a
-# chain), and a rest then costs more than it saves. Heads that do not pay (random heads, a hot
-# temperature) show it in their average too, a few rounds later.
-RATE_WEIGHT = 0.1
-TRIAL = 4  # full rounds the heads run before their first judgement (cold, or back from a rest)
+# How fast the heads' running rate follows new rounds, and how many full rounds they run before it
+# is first judged (cold, or back from a rest). Greedy: slow, after a trial. On distilled heads a bad
+# greedy stretch says little about the next rounds (measured: the least promising quarter of contexts
+# still paid for a chain), so a rest costs more than it saves; heads that do not pay (random heads)
+# show it in their average a few rounds later. Sampled: fast, at once. Sampled heads are on trial
+# from their first probe, and at a hot temperature a longer trial only pays for more losing rounds
+# (`scripts/policy_constants_ab.py`, BENCHMARKS.md).
+RATE_WEIGHT = {"greedy": 0.1, "sampled": 0.3}
+TRIAL = {"greedy": 4, "sampled": 1}
+GAIN_WEIGHT = 0.3  # how fast the running average of what the heads' nodes added to a tree follows new rounds
 MEMORY_KEEP = 0.5  # the share of the engine's calibration memory a finished request leaves in place
 WARM_SHARE = 0.5  # the share of that memory a new request starts from (its evidence then decays as its own)
 RANKS = 3  # calibration rows per head: rank 0, rank 1, ranks 2+ (a head's first guess is special)
@@ -364,8 +368,8 @@ class DynamicTree:
         if heads_ran:
             gain = sum(v for kind, _, v in taken if kind == "heads")
             nodes = sum(1 for kind, _, _ in taken if kind == "heads")
-            self.heads_gain += RATE_WEIGHT * (gain - self.heads_gain)
-            self.heads_nodes += RATE_WEIGHT * (nodes - self.heads_nodes)
+            self.heads_gain += GAIN_WEIGHT * (gain - self.heads_gain)
+            self.heads_nodes += GAIN_WEIGHT * (nodes - self.heads_nodes)
         paths = tuple(sorted((p for kind, p, _ in taken if kind == "heads"), key=lambda p: (len(p), p)))
         n_chain = sum(1 for kind, _, _ in taken if kind == "lookup")
         expected = 1.0 + sum(v for _, _, v in taken)
@@ -444,14 +448,14 @@ class DynamicTree:
             else:
                 self._rest()
             return
-        rate = self.heads_rate
-        if rate is None:  # judged only after a trial: one unlucky round says little
+        rate, mode = self.heads_rate, self.mode(greedy)
+        if rate is None:  # judged only after a trial: one unlucky greedy round says little
             self._trial.append(got)
-            if len(self._trial) < TRIAL:
+            if len(self._trial) < TRIAL[mode]:
                 return
             self.heads_rate, self._trial = sum(self._trial) / len(self._trial), []
         else:
-            self.heads_rate = rate + RATE_WEIGHT * (got - rate)
+            self.heads_rate = rate + RATE_WEIGHT[mode] * (got - rate)
         # A full round must beat plain clearly to override the running average on its own.
         if got > STRONG * plain or self.heads_rate > plain:
             self.backoff = FIRST_REST

@@ -157,7 +157,7 @@ def test_heads_rest_after_rounds_that_did_not_pay_and_come_back_through_a_probe(
     assert policy.wants_heads(0, 10, greedy=True) == 0 and policy.wants_heads(0, 10, greedy=True) == 1
     policy.observe(True, [(0, 0, 0.9, 1.0)], [], nodes=2, accepted=2, heads_ran=0.25)
     assert policy.wants_heads(0, 10, greedy=True) == 4  # two good probes: all four heads
-    for _ in range(TRIAL - 1):  # full rounds that accept nothing: judged only after a trial of TRIAL rounds
+    for _ in range(TRIAL["greedy"] - 1):  # full greedy rounds that accept nothing: judged after a trial
         policy.observe(True, [(0, 0, 0.9, 0.0)], [], nodes=8, accepted=1, heads_ran=1.0)
         assert policy.wants_heads(0, 10, greedy=True) == 4
     policy.observe(True, [(0, 0, 0.9, 0.0)], [], nodes=8, accepted=1, heads_ran=1.0)
@@ -169,6 +169,17 @@ def test_heads_rest_after_rounds_that_did_not_pay_and_come_back_through_a_probe(
     assert [policy.wants_heads(0, 10, True) for _ in range(2)] == [0, 1]  # one more, soon, to be sure
     policy.observe(True, [(0, 0, 0.9, 1.0)], [], nodes=2, accepted=2, heads_ran=0.25)  # paid again
     assert [policy.wants_heads(0, 10, True) for _ in range(5)] == [4] * 5  # all heads, every round
+
+
+def test_sampled_heads_back_from_probes_are_judged_on_their_first_full_round():
+    policy = DynamicTree(4, linear_cost(0.1, heads_ms=2.0))
+    assert policy.wants_heads(0, 10, greedy=False) == 1
+    policy.observe(False, [], [], nodes=2, accepted=2, heads_ran=0.25)
+    assert [policy.wants_heads(0, 10, greedy=False) for _ in range(2)] == [0, 1]
+    policy.observe(False, [], [], nodes=2, accepted=2, heads_ran=0.25)  # two probes paid: every head, on trial
+    assert policy.wants_heads(0, 10, greedy=False) == 4
+    policy.observe(False, [], [], nodes=8, accepted=1, heads_ran=1.0)  # a full round that did not pay
+    assert TRIAL["sampled"] == 1 and policy.rest == FIRST_REST  # rested at once (greedy waits for a trial)
 
 
 # -- the engine's memory: what finished requests taught ----------------------------------------
@@ -225,7 +236,7 @@ def test_memory_keeps_the_heads_running_rate_so_one_bad_first_round_does_not_res
     mem.learn(first)
     assert mem._schedule[(law_key(greedy), 0)][2] > 2  # about 2.4x plain decoding's rate
     for warm, rests in ((DynamicTree(4, cost), True), (DynamicTree(4, cost, memory=mem, law=greedy), False)):
-        for _ in range(TRIAL):  # a bad start: rounds that accept nothing
+        for _ in range(TRIAL["greedy"]):  # a bad start: rounds that accept nothing
             assert warm.wants_heads(0, 10, greedy=True) == 4
             warm.observe(True, [], [], nodes=16, accepted=1, heads_ran=1.0)
         assert (warm.rest > 0) == rests  # cold, those rounds are all the rate knows; warm, a few of many
