@@ -100,6 +100,8 @@ class Engine:
     def set_cost_model(self, model: cost_mod.CostModel, learn: bool = False) -> None:
         """Use this cost model for later requests (a measured one from elsewhere, or a test's): held as
         given, or with `learn`, refreshed after each solo request from its rounds' own timings."""
+        if not isinstance(learn, bool):
+            raise ValueError(f"`learn` must be True or False, got {learn!r}")
         with self._cost_lock:
             self._cost, self._cost_learns = model, learn
 

@@ -313,7 +313,7 @@ class DynamicTree:
             self.heads_rate = ratio / self._round_s[0]
         if backoff > FIRST_REST:  # failed, and not back since (paying resets the backoff)
             self.backoff = min(backoff, MAX_BACKOFF)
-            self.rest, self.probe = max(rest, 0), True
+            self.rest, self.probe = rest, True
 
     def law_of(self, mode: str) -> tuple | None:
         """The law a mode's calibrators learn under, as the memory files it (None: not known)."""

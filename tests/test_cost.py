@@ -135,3 +135,5 @@ def test_a_given_cost_model_is_held_unless_it_may_learn(llama):
     with pytest.raises(RuntimeError):
         list(engine.stream([1, 2, 3], 12, tree="auto", eos_token_id=None, on_round=bad))
     assert engine.cost_model() is fixed  # a failed request teaches nothing
+    with pytest.raises(ValueError, match="`learn` must be True or False"):
+        engine.set_cost_model(fixed, learn="yes")
