@@ -64,10 +64,15 @@ def _validate(paths) -> tuple[Path, ...]:
     return tuple(sorted(out, key=lambda p: (len(p), p)))
 
 
-def build_tree(paths: tuple[Path, ...]) -> Tree:
-    """Build all buffers from a tuple of rank paths (root excluded)."""
+def build_tree(paths: tuple[Path, ...], checked: bool = False) -> Tree:
+    """Build all buffers from a tuple of rank paths (root excluded).
+
+    `checked`: the caller built the paths itself as tuples of int ranks, every parent present, sorted by
+    (depth, path), as the dynamic tree policy does each round; they skip validation (a cached tree is a
+    dict lookup then).
+    """
     # Validate before the cache: (1.0,) == (1,) and hashes alike, so a cached lookup would let it through.
-    return _build(_validate(paths))
+    return _build(paths if checked else _validate(paths))
 
 
 @lru_cache(maxsize=1024)

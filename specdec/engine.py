@@ -277,7 +277,7 @@ class Engine:
         if scores is None and not chain:  # the heads rest and nothing repeats: a plain round
             return Draft(ROOT_ONLY, [run.pending], [None], drafted=False, expected=1.0)
         choice = policy.choose(scores, len(chain), room, params.greedy)
-        tree = build_tree(choice.paths)
+        tree = build_tree(choice.paths, checked=True)  # prefix-closed and sorted by construction
         tokens, q, learn = [run.pending], [None], [None]
         for p in tree.paths[1:]:  # BFS order: node i is paths[i]
             d, r = len(p) - 1, p[-1]

@@ -124,14 +124,48 @@ class MedusaHeads(nn.Module):
         """The first k heads' logits only (a cheap probe). [H] -> [k, V]"""
         if type(self).forward is not MedusaHeads.forward or self.config.shared_lm_head or k >= self.config.num_heads:
             return self(hidden)[:k]  # a subclass computes its own way; shared heads cost one pass anyway
-        x = torch.stack([blk(hidden) for blk in self.blocks[:k]])  # [k, H]
-        return torch.stack([self.project(i, x[i]) for i in range(k)])
+        return self._run(hidden, k)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        x = torch.stack([blk(hidden) for blk in self.blocks])  # [K, ..., H]
+        return self._run(hidden, self.config.num_heads)
+
+    def _run(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
+        """Heads 0..k-1 on hidden [..., H] -> [k, ..., V].
+
+        Drafting runs this every round on one hidden state, where each torch call costs more than
+        its arithmetic, so the k heads share calls: their first residual blocks are one product
+        over the stacked weights, and the projections' dtype conversions happen once for all k.
+        """
+        x = self._blocks(hidden, k)  # [k, ..., H]
         if self.config.shared_lm_head:
             return self._shared[0](x)  # one pass over the shared vocabulary matrix, not K
-        return torch.stack([self.project(k, x[k]) for k in range(self.config.num_heads)])
+        heads = self.lm_heads[:k]
+        w = heads[0].weight
+        if w.dtype == x.dtype:
+            return torch.stack([head(x[i]) for i, head in enumerate(heads)])
+        narrow = w.dtype == torch.float16  # fp16 has a narrow range: a huge activation or logit must not become NaN
+        big = torch.finfo(torch.float16).max
+        xin = (x.clamp(-big, big) if narrow else x).to(w.dtype)
+        out = torch.stack([head(xin[i]) for i, head in enumerate(heads)]).to(x.dtype)
+        return torch.nan_to_num(out) if narrow else out
+
+    def _blocks(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
+        """The first k heads' residual blocks on the same input: [..., H] -> [k, ..., H]."""
+        if self.config.num_layers == 0:
+            return hidden.expand(k, *hidden.shape)
+        lin = [blocks[0].linear for blocks in self.blocks[:k]]
+        # x + SiLU(W_i x + b_i) for every head i at once: [..., k*H] -> [k, ..., H]
+        y = nn.functional.silu(nn.functional.linear(hidden, torch.cat([m.weight for m in lin]),
+                                                    torch.cat([m.bias for m in lin])))
+        x = hidden + y.unflatten(-1, (k, hidden.shape[-1])).movedim(-2, 0)
+        if self.config.num_layers == 1:
+            return x
+        out = []
+        for xi, blocks in zip(x, self.blocks[:k]):
+            for block in blocks[1:]:
+                xi = block(xi)
+            out.append(xi)
+        return torch.stack(out)
 
     # -- persistence -------------------------------------------------------
     def save(self, directory: str | Path, tree_paths: list[tuple[int, ...]] | None = None,

@@ -94,12 +94,13 @@ def head_scores(logits: torch.Tensor, params: SamplingParams, k: int = TOPK
         q [D, k] float32, token ids [D, k] long, score [D, k] float32.
     """
     x = logits.float()
-    m = min(SCORE_PREFIX, x.shape[-1])
+    # Greedy scores are q itself: no filters, so no prefix beyond the k candidates.
+    m = min(k if params.greedy else SCORE_PREFIX, x.shape[-1])
     k = min(k, m)
     top_l, top_i = torch.topk(x, m, dim=-1)  # [D, m], descending
     q = (top_l[:, :k] - torch.logsumexp(x, -1, keepdim=True)).exp()  # [D, k]
     if params.greedy:
-        return q, top_i[:, :k], q
+        return q, top_i, q
     p = ((top_l - torch.logsumexp(x / params.temperature, -1, keepdim=True) * params.temperature)
          / params.temperature).exp()  # [D, m] tempered law of the prefix
     rank = torch.arange(m, device=x.device)
@@ -135,16 +136,34 @@ class Calibrator:
         prior = prior if isinstance(prior, tuple) else (prior,)
         self.prior = [prior[min(d, len(prior) - 1)] for d in range(rows)]  # [R]
         self.stride = stride  # 0: every row has its fixed prior
-        self.outcome = [[0.0] * len(BIN_EDGES) for _ in range(rows)]  # [R, bins]
-        self.score = [[0.0] * len(BIN_EDGES) for _ in range(rows)]  # [R, bins]
+        # The sums are held divided by `_scale`, the decay since they were last rescaled: a round's decay
+        # is then one multiplication, not one per row and bin.
+        self._outcome = [[0.0] * len(BIN_EDGES) for _ in range(rows)]  # [R, bins]
+        self._score = [[0.0] * len(BIN_EDGES) for _ in range(rows)]  # [R, bins]
+        self._scale = 1.0
         self._ratios: list[list[float]] | None = None  # [R, bins], rebuilt after each observe
+
+    @property
+    def outcome(self) -> list[list[float]]:
+        """Decayed sums of outcomes, per row and bin."""
+        return [[x * self._scale for x in r] for r in self._outcome]
+
+    @property
+    def score(self) -> list[list[float]]:
+        """Decayed sums of scores, per row and bin."""
+        return [[x * self._scale for x in r] for r in self._score]
+
+    @property
+    def rows(self) -> int:
+        return len(self.prior)
 
     def ratios(self) -> list[list[float]]:
         if self._ratios is None:
             out: list[list[float]] = []
-            for i, (got, scored) in enumerate(zip(self.outcome, self.score)):
-                prior = out[i - self.stride] if self.stride and i >= self.stride else [self.prior[i]] * len(BIN_EDGES)
-                out.append([(o + w * p) / (sc + w) for o, sc, p, w in zip(got, scored, prior, _PRIOR_W)])
+            s, bins = self._scale, len(BIN_EDGES)
+            for i, (got, scored) in enumerate(zip(self._outcome, self._score)):
+                prior = out[i - self.stride] if self.stride and i >= self.stride else [self.prior[i]] * bins
+                out.append([(o * s + w * p) / (sc * s + w) for o, sc, p, w in zip(got, scored, prior, _PRIOR_W)])
             self._ratios = out
         return self._ratios
 
@@ -153,24 +172,24 @@ class Calibrator:
 
     def evidence(self) -> tuple[list[list[float]], list[list[float]]]:
         """(outcome sums, score sums) per row and bin, as decayed so far: copies."""
-        return [list(r) for r in self.outcome], [list(r) for r in self.score]
+        return self.outcome, self.score
 
     def start_from(self, outcome: list[list[float]], score: list[list[float]], share: float) -> None:
         """Begin with `share` of another calibrator's evidence, which then decays like this one's own."""
-        self.outcome = [[share * x for x in r] for r in outcome]
-        self.score = [[share * x for x in r] for r in score]
-        self._ratios = None
+        self._outcome = [[share * x for x in r] for r in outcome]
+        self._score = [[share * x for x in r] for r in score]
+        self._scale, self._ratios = 1.0, None
 
     def observe(self, seen: list[tuple[int, float, float]]) -> None:
         """One round's (row, score q, outcome) triples; decays the old evidence first."""
-        for rows in (self.outcome, self.score):
-            for row in rows:
-                for b in range(len(row)):
-                    row[b] *= DECAY
+        self._scale *= DECAY
+        if self._scale < 1e-30:  # fold the decay into the sums long before the division could overflow
+            self._outcome, self._score, self._scale = self.outcome, self.score, 1.0
+        inv = 1.0 / self._scale
         for d, q, outcome in seen:
             b = bisect.bisect_right(BIN_EDGES, q) - 1
-            self.outcome[d][b] += outcome
-            self.score[d][b] += q
+            self._outcome[d][b] += outcome * inv
+            self._score[d][b] += q * inv
         self._ratios = None
 
 
@@ -219,7 +238,7 @@ class PolicyMemory:
             for kind in ("heads", "lookup"):
                 for mode in ("greedy", "sampled"):
                     cal, law = policy.calibrator(kind, mode), policy.law_of(mode)
-                    found = self._evidence.get((kind, len(cal.score), law)) if law is not None else None
+                    found = self._evidence.get((kind, cal.rows, law)) if law is not None else None
                     if found is not None:
                         cal.start_from(*found, WARM_SHARE)
             schedule = self._schedule.get((policy.law, policy.lookup))
@@ -389,18 +408,20 @@ class DynamicTree:
         mode = self.mode(greedy)
         self.heads_cal[mode].observe([(_row(d, r), q, o) for d, r, q, o in heads])
         cal = self.lookup_cal[mode]
-        cal.observe([(min(j, len(cal.score) - 1), 1.0, o) for j, o in lookup])
+        cal.observe([(min(j, cal.rows - 1), 1.0, o) for j, o in lookup])
 
     # -- pieces -----------------------------------------------------------------
     def _head_estimates(self, q, room: int, mode: str) -> list[list[float]]:
         if q is None:
             return []
-        cal = self.heads_cal[mode]
-        return [[cal.estimate(_row(d, r), x) for r, x in enumerate(row)] for d, row in enumerate(q[: min(len(q), room)])]
+        ratios, top, cut = self.heads_cal[mode].ratios(), RANKS - 1, bisect.bisect_right
+        # = cal.estimate(_row(d, r), x), inlined: it runs for every candidate of every round
+        return [[min(1.0, x * ratios[d * RANKS + min(r, top)][cut(BIN_EDGES, x) - 1]) for r, x in enumerate(row)]
+                for d, row in enumerate(q[: min(len(q), room)])]
 
     def _lookup_estimates(self, chain: int, room: int, mode: str) -> list[float]:
         cal = self.lookup_cal[mode]
-        return [cal.estimate(min(j, len(cal.score) - 1), 1.0) for j in range(min(chain, room))]
+        return [cal.estimate(min(j, cal.rows - 1), 1.0) for j in range(min(chain, room))]
 
     def _best_prefix(self, picks: "Iterator[tuple[str, tuple, float]]", greedy: bool
                      ) -> tuple[int, float, list[tuple[str, tuple, float]]]:

@@ -46,6 +46,24 @@ def test_zero_init_is_identity(llama):
         torch.testing.assert_close(out[k], base, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("layers", [0, 1, 3])
+@pytest.mark.parametrize("projection", [torch.float32, torch.float16])
+def test_heads_share_calls_but_each_computes_its_own(llama, layers, projection):
+    """The heads' batched blocks and projections give each head what its own modules give, one at a time."""
+    torch.manual_seed(layers)
+    heads = MedusaHeads(config(num_heads=4, num_layers=layers), llama.get_output_embeddings())
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(0.3 * torch.randn_like(p))  # every block and head different, none the identity
+    heads.store_projections(projection)
+    for x in (torch.randn(H), torch.randn(5, H)):
+        want = torch.stack([heads.project(k, heads.blocks[k](x)) for k in range(4)])  # [4, ..., V]
+        torch.testing.assert_close(heads(x), want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(heads.first(x, 2), want[:2], atol=1e-5, rtol=1e-5)
+        if layers:  # the comparison can fail: head 0 through head 1's blocks is another head
+            assert not torch.allclose(heads(x)[0], heads.project(0, heads.blocks[1](x)), atol=1e-3)
+
+
 def test_own_lm_head_is_a_copy_of_the_base(llama):
     base = llama.get_output_embeddings()
     heads = MedusaHeads(config(num_heads=2), base)
