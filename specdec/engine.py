@@ -273,7 +273,7 @@ class Engine:
                 # Scored under the round's own filters: that is the law the target is verified with.
                 top_q, top_i, score = head_scores(self._head_logits(run, min(k, room)), params)  # [D, k] each
                 host = torch.stack([top_q, score, top_i.float()]).tolist()  # one host sync; ids < 2**24 are exact
-            top, scores = (host[0], [[int(t) for t in row] for row in host[2]]), host[1]
+            top, scores = (host[0], host[2]), host[1]  # ids as floats: int() only for the nodes drafted
         if scores is None and not chain:  # the heads rest and nothing repeats: a plain round
             return Draft(ROOT_ONLY, [run.pending], [None], drafted=False, expected=1.0)
         choice = policy.choose(scores, len(chain), room, params.greedy)
@@ -281,7 +281,7 @@ class Engine:
         tokens, q, learn = [run.pending], [None], [None]
         for p in tree.paths[1:]:  # BFS order: node i is paths[i]
             d, r = len(p) - 1, p[-1]
-            tokens.append(top[1][d][r])
+            tokens.append(int(top[1][d][r]))
             q.append(top[0][d][r])
             learn.append(("heads", d, r, scores[d][r]))
         chain = chain[: choice.chain]

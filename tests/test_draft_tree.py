@@ -52,6 +52,24 @@ def test_hand_tree_ancestor_mask(hand):
     assert torch.equal(hand.ancestor_mask, want)
 
 
+def test_trees_of_one_shape_share_their_mask_and_each_mask_is_its_ancestors():
+    """Rank paths that differ only in ranks share one topology's buffers; every mask is the brute-force one."""
+    a = build_tree(((0,), (1,), (0, 0), (0, 0, 0)))
+    b = build_tree(((0,), (3,), (0, 2), (0, 2, 1)))  # same parents, other ranks
+    c = build_tree(((0,), (1,), (1, 0), (1, 0, 0)))  # the chain hangs under the other child
+    assert a.ancestor_mask is b.ancestor_mask and a.depth_t is b.depth_t
+    assert a.rank != b.rank and a.tree_indices.tolist() != b.tree_indices.tolist()
+    assert not torch.equal(a.ancestor_mask, c.ancestor_mask)
+    for tree in (a, b, c, build_tree(PRESETS["default"]), graft_chain(((0,), (1,)), 1, 3)):
+        for i in range(tree.num_nodes):
+            seen, j = set(), i
+            while j >= 0:
+                seen.add(j)
+                j = tree.parent[j]
+            assert tree.ancestor_mask[i].nonzero().flatten().tolist() == sorted(seen)
+            assert tree.depth_t[i] == tree.depth[i] == len(seen) - 1
+
+
 def test_hand_tree_indices(hand):
     # flat candidates: [root, h0 r0, h0 r1, h1 r0, h1 r1, h2 r0]
     assert hand.tree_indices.tolist() == [0, 1, 2, 3, 4, 3, 5]
