@@ -192,7 +192,7 @@ def save(model: CostModel, path: Path) -> None:
 
 
 @torch.inference_mode()
-def measure(engine: "Engine", budget_s: float = 2.0, max_nodes: int = 64, reps: int = 5) -> CostModel:
+def measure(engine: "Engine", budget_s: float = 2.0, max_nodes: int = 64, reps: int = 12) -> CostModel:
     """Time forward(N), the heads and the round overhead on the loaded model, within about `budget_s`.
 
     Counts that the budget does not reach are extrapolated from the last measured slope.
@@ -242,9 +242,9 @@ def _measure(engine: "Engine", cache, ids: torch.Tensor, ctx: int, deadline: flo
                 ones.append(t1)
                 ratios.setdefault(n, []).append(tn / t1)
     nodes = [n for n in counts if n in ratios]
-    times = [min(ones) * statistics.median(ratios[n]) for n in nodes]
-    for i in range(1, len(times)):
-        times[i] = max(times[i], times[i - 1])  # timing noise must not make a bigger tree look cheaper
+    # Timing noise must not make a bigger tree look cheaper: the nondecreasing curve nearest to the
+    # medians (a running maximum instead would carry one high median up to every larger count).
+    times = _nondecreasing([min(ones) * statistics.median(ratios[n]) for n in nodes])
     if nodes[-1] < max_nodes and len(nodes) > 1:  # extrapolate what the budget did not reach
         slope = (times[-1] - times[-2]) / (nodes[-1] - nodes[-2])
         nodes.append(max_nodes)
@@ -265,20 +265,27 @@ def _measure(engine: "Engine", cache, ids: torch.Tensor, ctx: int, deadline: flo
             forward(1)
 
         added = []
-        for rep in range(reps + 1):
+        for rep in range(2 * reps + 1):
             t1, th = _timed(lambda: forward(1)), _timed(heads_then_forward)
             if rep:
-                added.append(th - t1)
+                added.append((th - t1) / t1)
+        # In the forward curve's own scale (a share of a one-node forward, times the fastest one): a busy
+        # moment then moves heads and forwards alike, and the policy, which compares rates, does not move.
         # Noise can make the difference vanish; the heads never cost less than they take alone.
-        heads_s = max(statistics.median(added), _time(heads, reps))
+        heads_s = max(statistics.median(added) * min(ones), _time(heads, reps))
     row = target.logits(target.forward(ids[ctx : ctx + 1], cache)[-1])  # [V]
     kv_cache.keep_path(cache, ctx, [])
     target.release(cache)  # the requests below may want the pooled buffer
     law = SamplingParams(temperature=0.7, top_p=0.9)  # the app's default law: filters that cut
     draws = torch.Generator(device=row.device).manual_seed(0)
     verify_s = _time(lambda: sample(target_probs(row, law), draws), reps)
-    overhead_s = _overhead(engine, ids[:16].tolist())
-    drafted_s = _drafted_overhead(engine, ids[:3].tolist() * 6, overhead_s)
+    # Plain and drafted rounds' host work, measured in turns and paired: one pair alone swung the
+    # drafted figure over 0-0.44 ms between loads, as a busy moment fell on one stream or the other.
+    plain, drafted = [], []
+    for _ in range(3):
+        plain.append(_overhead(engine, ids[:16].tolist()))
+        drafted.append(_drafted_overhead(engine, ids[:3].tolist() * 6, plain[-1]))
+    overhead_s, drafted_s = statistics.median(plain), statistics.median(drafted)
     return CostModel(tuple(nodes), tuple(times), heads_s, overhead_s, model_key(engine), verify_s, drafted_s)
 
 
@@ -326,6 +333,18 @@ def fastest_projection_dtype(target: "TargetModel", heads: "MedusaHeads", reps: 
     return best if statistics.median(times[best]) < margin * statistics.median(times[own]) else own
 
 
+def _nondecreasing(ys: list[float]) -> list[float]:
+    """The least-squares nondecreasing fit of ys (pool adjacent violators: each run that falls is averaged)."""
+    blocks: list[list[float]] = []  # [sum, count] per pooled run
+    for y in ys:
+        blocks.append([y, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(int(count))]
+
+
 def _overhead(engine: "Engine", prompt: list[int]) -> float:
     """The host time of a plain round outside its forward: the engine's own loop, measured."""
     from .request import GenerationRequest  # the request module imports the engine's tree types
@@ -340,7 +359,7 @@ def _drafted_overhead(engine: "Engine", prompt: list[int], plain: float) -> floa
     chain on a repeating prompt (no heads needed), outside their forward, less `plain`."""
     from .request import GenerationRequest
 
-    events = list(engine.stream(GenerationRequest(prompt, 16, tree="none", lookup=4, eos_token_id=None)))
+    events = list(engine.stream(GenerationRequest(prompt, 24, tree="none", lookup=4, eos_token_id=None)))
     rest = sorted((e.timings["total"] - e.timings["forward"]) / 1e3 for e in events[1:] if len(e.nodes) > 1)
     return max(rest[len(rest) // 4] - plain, 0.0) if rest else 0.0
 

@@ -137,3 +137,16 @@ def test_a_given_cost_model_is_held_unless_it_may_learn(llama):
     assert engine.cost_model() is fixed  # a failed request teaches nothing
     with pytest.raises(ValueError, match="`learn` must be True or False"):
         engine.set_cost_model(fixed, learn="yes")
+
+
+def test_forward_curve_is_the_nearest_nondecreasing_fit():
+    """Pool adjacent violators: a falling run is averaged, not lifted to its first value (a running maximum
+    would carry one noisy high median up to every larger count)."""
+    from specdec.cost import _nondecreasing
+
+    assert _nondecreasing([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
+    assert _nondecreasing([1.0, 9.0, 2.0, 2.0, 2.0, 3.0]) == [1.0, 3.6, 3.6, 3.6, 3.6, 3.6]
+    assert _nondecreasing([2.0, 1.0]) == [1.5, 1.5] and _nondecreasing([]) == []
+    ys = [1.0, 1.4, 1.2, 1.9, 1.7, 1.8, 2.5]
+    fit = _nondecreasing(ys)
+    assert all(a <= b for a, b in zip(fit, fit[1:])) and sum(fit) == pytest.approx(sum(ys))  # means kept
