@@ -168,7 +168,12 @@ class Calibrator:
         return self._ratios
 
     def estimate(self, row: int, q: float) -> float:
-        return min(1.0, q * self.ratios()[row][bisect.bisect_right(BIN_EDGES, q) - 1])
+        b = bisect.bisect_right(BIN_EDGES, q) - 1
+        if self.stride or self._ratios is not None:
+            return min(1.0, q * self.ratios()[row][b])
+        # A row with its own fixed prior needs one cell, not the table (lookup chains: one bin, q = 1)
+        o, sc, p, w, s = self._outcome[row][b], self._score[row][b], self.prior[row], _PRIOR_W[b], self._scale
+        return min(1.0, q * ((o * s + w * p) / (sc * s + w)))
 
     def evidence(self) -> tuple[list[list[float]], list[list[float]]]:
         """(outcome sums, score sums) per row and bin, as decayed so far: copies."""
@@ -311,6 +316,7 @@ class DynamicTree:
         self._trial: list[float] = []  # the first full rounds' rates, before heads_rate exists
         # What the heads' own nodes added to recent trees (running averages): expected tokens and nodes.
         self.heads_gain, self.heads_nodes = 0.0, 0.0
+        self._chain_alone: tuple | None = None  # this round's lookup-only choice, from `wants_heads` for `choose`
         self.law = law_key(law) if law is not None else None  # the request's first law: what it shares
         if memory is not None and self.law is not None:
             memory.warm(self)
@@ -348,12 +354,15 @@ class DynamicTree:
         """How many heads this round runs: none while they rest, or when the lookup chain alone is
         expected to be faster than the chain plus what the heads' nodes recently added (their
         forward is then saved); the first one alone to probe after a rest; else all of them."""
+        self._chain_alone = None
         if self.rest > 0:
             self.rest -= 1
             return 0
         if chain and self.heads_rate is not None:
             n, rate, picks = self._best_prefix(
                 _best_first([], self._lookup_estimates(chain, room, self.mode(greedy)), self.max_nodes - 1), greedy)
+            # What `choose` computes this round if the heads do not run: kept, not computed twice
+            self._chain_alone = ((chain, room, greedy), (n, rate, picks))
             expected = 1.0 + sum(v for _, _, v in picks[:n]) + self.heads_gain
             nodes = 1 + n + round(self.heads_nodes)
             if expected / self.cost.round_time(nodes, True, expected, not greedy) <= rate:
@@ -375,10 +384,14 @@ class DynamicTree:
             greedy: the round's params decode greedily.
         """
         mode = self.mode(greedy)
-        acc = self._head_estimates(q, room, mode)
         heads_ran = q is not None
-        best, _, picks = self._best_prefix(_best_first(acc, self._lookup_estimates(chain, room, mode), self.max_nodes - 1),
-                                           greedy)
+        known, self._chain_alone = self._chain_alone, None
+        if not heads_ran and known is not None and known[0] == (chain, room, greedy):
+            best, _, picks = known[1]  # the lookup chain alone, as `wants_heads` just valued it
+        else:
+            acc = self._head_estimates(q, room, mode)
+            best, _, picks = self._best_prefix(
+                _best_first(acc, self._lookup_estimates(chain, room, mode), self.max_nodes - 1), greedy)
         if heads_ran and picks:
             # Once the heads ran, draft at least their best node: a round without one teaches the
             # calibration nothing, and a cold estimate could then never warm up.
