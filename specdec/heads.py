@@ -154,9 +154,10 @@ class MedusaHeads(nn.Module):
         if self.config.num_layers == 0:
             return hidden.expand(k, *hidden.shape)
         lin = [blocks[0].linear for blocks in self.blocks[:k]]
-        # x + SiLU(W_i x + b_i) for every head i at once: [..., k*H] -> [k, ..., H]
-        y = nn.functional.silu(nn.functional.linear(hidden, torch.cat([m.weight for m in lin]),
-                                                    torch.cat([m.bias for m in lin])))
+        # x + SiLU(W_i x + b_i) for every head i at once: [..., k*H] -> [k, ..., H] (one head: no copy)
+        w, b = (lin[0].weight, lin[0].bias) if k == 1 else (torch.cat([m.weight for m in lin]),
+                                                             torch.cat([m.bias for m in lin]))
+        y = nn.functional.silu(nn.functional.linear(hidden, w, b))
         x = hidden + y.unflatten(-1, (k, hidden.shape[-1])).movedim(-2, 0)
         if self.config.num_layers == 1:
             return x

@@ -101,16 +101,15 @@ def head_scores(logits: torch.Tensor, params: SamplingParams, k: int = TOPK
     q = (top_l[:, :k] - torch.logsumexp(x, -1, keepdim=True)).exp()  # [D, k]
     if params.greedy:
         return q, top_i, q
-    p = ((top_l - torch.logsumexp(x / params.temperature, -1, keepdim=True) * params.temperature)
-         / params.temperature).exp()  # [D, m] tempered law of the prefix
-    rank = torch.arange(m, device=x.device)
+    inv_t = 1.0 / params.temperature
+    p = (top_l * inv_t - torch.logsumexp(x * inv_t, -1, keepdim=True)).exp()  # [D, m] tempered law of the prefix
     if 0 < params.top_k:
-        p = torch.where(rank < params.top_k, p, 0.0)
+        p = torch.where(torch.arange(m, device=x.device) < params.top_k, p, 0.0)
         p = p / p.sum(-1, keepdim=True) if params.top_k <= m else p
     if params.top_p < 1:
         before = torch.cumsum(p, -1) - p  # [D, m] mass sorted before each token
         kept = torch.where(before < params.top_p, p, 0.0)
-        p = kept / torch.maximum(kept.sum(-1, keepdim=True), torch.full_like(p[:, :1], params.top_p))
+        p = kept / kept.sum(-1, keepdim=True).clamp_min(params.top_p)
     if params.min_p > 0:
         kept = torch.where(p >= params.min_p * p[:, :1], p, 0.0)
         p = kept / kept.sum(-1, keepdim=True).clamp_min(1e-30)
