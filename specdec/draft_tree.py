@@ -72,6 +72,8 @@ def build_tree(paths: tuple[Path, ...], checked: bool = False) -> Tree:
     (depth, path), as the dynamic tree policy does each round; they skip validation (a cached tree is a
     dict lookup then).
     """
+    if not isinstance(checked, bool):
+        raise ValueError(f"`checked` must be True or False, got {checked!r}")
     # Validate before the cache: (1.0,) == (1,) and hashes alike, so a cached lookup would let it through.
     return _build(paths if checked else _validate(paths))
 

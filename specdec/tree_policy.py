@@ -426,9 +426,9 @@ class DynamicTree:
     def _head_estimates(self, q, room: int, mode: str) -> list[list[float]]:
         if q is None:
             return []
-        ratios, top, cut = self.heads_cal[mode].ratios(), RANKS - 1, bisect.bisect_right
+        ratios, cut = self.heads_cal[mode].ratios(), bisect.bisect_right
         # = cal.estimate(_row(d, r), x), inlined: it runs for every candidate of every round
-        return [[min(1.0, x * ratios[d * RANKS + min(r, top)][cut(BIN_EDGES, x) - 1]) for r, x in enumerate(row)]
+        return [[min(1.0, x * ratios[_row(d, r)][cut(BIN_EDGES, x) - 1]) for r, x in enumerate(row)]
                 for d, row in enumerate(q[: min(len(q), room)])]
 
     def _lookup_estimates(self, chain: int, room: int, mode: str) -> list[float]:

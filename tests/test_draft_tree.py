@@ -106,6 +106,15 @@ def test_invalid_paths_raise(paths, match):
         resolve_tree(paths, num_heads=4)
 
 
+def test_checked_paths_skip_validation_only_when_told_so():
+    paths = ((0,), (1,), (0, 0))
+    assert build_tree(paths, checked=True) is build_tree(paths)  # the same cached tree either way
+    with pytest.raises(ValueError, match="parent"):
+        build_tree(((0, 0),))  # unchecked paths are validated
+    with pytest.raises(ValueError, match="`checked` must be True or False"):
+        build_tree(paths, checked="yes")
+
+
 def test_unknown_preset_and_trained_without_tree_raise():
     with pytest.raises(ValueError, match="unknown tree preset"):
         resolve_tree("bushy")
