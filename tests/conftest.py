@@ -6,8 +6,10 @@ Everything runs in float32 on the CPU, in eval mode, from fixed seeds.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -201,6 +203,15 @@ def byte_model() -> nn.Module:
 # -- app tests -------------------------------------------------------------------
 APP_GREEDY = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, tree="small", acceptance="lossless",
                   speculative=True)  # /generate inputs for a deterministic run
+
+
+def load_script(name: str):
+    """A module from scripts/ (which is not a package), e.g. load_script("eval_embedded")."""
+    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def free_port() -> int:

@@ -5,22 +5,17 @@ checked against a direct computation, with a planted double-count as the negativ
 """
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def ev():
-    spec = importlib.util.spec_from_file_location("eval_embedded", ROOT / "scripts" / "eval_embedded.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("eval_embedded")
 
 
 def direct_nll(model, ids: list[int]) -> float:

@@ -6,21 +6,16 @@ continuation as the negative control.
 """
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import load_script
+
 TOP = 10
 
 
 @pytest.fixture(scope="module")
 def study():
-    spec = importlib.util.spec_from_file_location("tree_order_study", ROOT / "scripts" / "tree_order_study.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tree_order_study")
 
 
 def ids_with(right: list[tuple[int, int]]) -> list[list[int]]:
