@@ -59,8 +59,6 @@ class _SlotLayer(CacheLayerMixin):
     the 4D mask (covering [0, capacity)) hides the slots that hold nothing committed.
     """
 
-    is_compileable = True
-
     def __init__(self, owner: "SlotCache", index: int) -> None:
         super().__init__()
         self._owner, self.index = weakref.ref(owner), index  # no cycle: a dropped cache is freed at once
@@ -68,6 +66,13 @@ class _SlotLayer(CacheLayerMixin):
     @property
     def owner(self) -> "SlotCache":
         return self._owner()
+
+    @property
+    def is_compileable(self) -> bool:
+        # Only a whole-buffer cache has shapes that repeat. HF also reads this flag: for a compileable
+        # cache it builds a one-token step's mask instead of skipping it, which over the slots in use
+        # (a CPU) would cost every plain round a mask that hides nothing.
+        return self.owner.fixed_shapes
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         _allocate(self, key_states.shape[0], self.owner.capacity, key_states, value_states)
@@ -317,6 +322,13 @@ def length(cache: Cache) -> int:
 def mask_width(cache: Cache, new_tokens: int) -> int:
     """Key slots a forward of `new_tokens` attends over: the whole buffer, or past + new."""
     return cache.width(new_tokens) if isinstance(cache, SlotCache) else length(cache) + new_tokens
+
+
+def hides_slots(cache: Cache) -> bool:
+    """Does a forward over this cache attend over slots that hold nothing committed (a SlotCache's whole
+    buffer, as CUDA graphs need), so that only an explicit 4D mask can hide them? Over the slots in
+    use, slot s is position s and HF's own causal masks are exact."""
+    return isinstance(cache, SlotCache) and cache.fixed_shapes
 
 
 def advance(cache: Cache, new_tokens: int) -> None:

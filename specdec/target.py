@@ -211,8 +211,10 @@ class TargetModel:
         past = kv_cache.length(cache)
         T = input_ids.shape[0]
         kwargs = {}
-        if tree_mask is None and not isinstance(cache, kv_cache.SlotCache):
-            pos = torch.arange(past, past + T, device=self.device)  # HF builds the causal (and window) masks
+        if tree_mask is None and not kv_cache.hides_slots(cache):
+            # HF builds the causal (and window) masks; for one token over only the slots in use, sdpa
+            # then needs none at all (what HF's own decoding step does), which a 4D mask would cost.
+            pos = torch.arange(past, past + T, device=self.device)
         else:
             if tree_mask is None:  # a causal run is the chain tree
                 tree_mask = torch.ones(T, T, dtype=torch.bool).tril_()

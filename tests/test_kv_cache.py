@@ -257,3 +257,30 @@ def test_engine_with_fixed_shape_buffers_equals_hf(models, monkeypatch):
         loaded, ref = oracle_loaded(models[arch], PROMPTS[1], 30, rank_of=lambda pos, k: (pos + k) % 3)
         out = specdec.generate(loaded, prompt_ids=PROMPTS[1], max_new_tokens=30, eos_token_id=None, tree="default")
         assert out.token_ids == ref[:30]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_a_plain_step_over_the_slots_in_use_needs_no_mask(arch, models, monkeypatch):
+    """Over the slots in use (a CPU), slot s is position s: a one-token step passes no 4D mask, and the
+    cache does not claim to be compileable, so HF skips the mask too (as for its own decoding step);
+    a whole-buffer cache must hide its stale slots, so it passes one. Both give the cache-free logits."""
+    model = models[arch]
+    target = TargetModel(model)
+    seen = []
+    real = target.base.forward
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("attention_mask"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target.base, "forward", spy)
+    prompt = [5, 9, 2, 7]
+    for fixed in (False, True):
+        cache = kv_cache.new_cache(model, 64)
+        cache.fixed_shapes = fixed
+        target.forward(torch.tensor(prompt[:3]), cache)
+        seen.clear()
+        h = target.forward(torch.tensor(prompt[3:]), cache)
+        assert kv_cache.hides_slots(cache) is fixed and cache.is_compileable is fixed
+        assert (seen[0] is not None) is fixed  # a 4D mask only where stale slots must be hidden
+        torch.testing.assert_close(target.logits(h[-1]), naive_logits(model, prompt), atol=1e-5, rtol=0)
