@@ -128,8 +128,9 @@ def _top_p(x: torch.Tensor, top_p: float) -> torch.Tensor:
         top_x, order = torch.sort(x, dim=-1, descending=True)  # a flat distribution: sort it all
         probs = (top_x - lse).exp()
         mass_before = torch.cumsum(probs, dim=-1) - probs
-    keep = torch.zeros(x.shape, dtype=torch.bool, device=x.device).scatter(-1, order, mass_before < top_p)
-    return x.masked_fill(~keep, float("-inf"))
+    # The kept tokens' logits put back in place over -inf: two passes over V instead of four.
+    kept = top_x.masked_fill(mass_before >= top_p, float("-inf"))
+    return torch.full_like(x, float("-inf")).scatter_(-1, order, kept)
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -83,6 +83,11 @@ def verify_greedy(tokens: list[int], tree: Tree, logits: torch.Tensor) -> Verdic
         tokens: N token ids, tokens[0] is the root.
         logits: [N, V] target logits, row i after node i's path.
     """
+    if tree.num_nodes == 1:  # a plain round, the commonest: its argmax and log-probability in one host sync
+        row = logits[0].float()
+        best = row.argmax()
+        host = torch.stack([best.float(), row[best] - torch.logsumexp(row, -1)]).tolist()  # ids < 2**24: exact
+        return Verdict((0,), int(host[0]), "bonus", math.exp(host[1]), {}, ())
     return verify_greedy_batch([(tokens, tree)], logits)[0]
 
 

@@ -108,3 +108,21 @@ def test_greedy_members_are_verified_together_and_decode_as_alone(models, monkey
     solo = [[t.token_id for e in loaded.engine.stream(r) for t in e.emitted] for r in requests]
     assert out[:-1] == solo[:-1]
     assert len(out[-1]) == 20  # the sampled request verified alone, by its own rule
+
+
+def test_a_plain_rounds_verdict_takes_one_sync_and_equals_the_walks():
+    """A root-only tree (a plain round) has its own one-sync path: the same verdict as the joint walk
+    and as the reference per-node walk, ties included (the first maximal id, as `argmax` and HF)."""
+    from specdec import verifier
+
+    gen, root = torch.Generator().manual_seed(3), build_tree(())
+    for _ in range(100):
+        logits = torch.randint(-3, 4, (1, V), generator=gen).float()  # small ints: ties at the max
+        fast = verify_greedy([5], root, logits)
+        joint = verify_greedy_batch([([5], root)], logits)[0]
+        ref = verifier.verify([5], root, lambda i: logits[i], SamplingParams(), "greedy", [])
+        for want in (joint, ref):
+            assert (fast.accepted, fast.next_token, fast.next_kind, fast.target_prob, fast.rejected) == \
+                   (want.accepted, want.next_token, want.next_kind, want.target_prob, want.rejected)
+            assert abs(fast.next_prob - want.next_prob) < 1e-6
+        assert fast.next_token == int(logits[0].argmax())
