@@ -72,7 +72,7 @@ class _SlotLayer(CacheLayerMixin):
         # Only a whole-buffer cache has shapes that repeat. HF also reads this flag: for a compileable
         # cache it builds a one-token step's mask instead of skipping it, which over the slots in use
         # (a CPU) would cost every plain round a mask that hides nothing.
-        return self.owner.fixed_shapes
+        return hides_slots(self.owner)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         _allocate(self, key_states.shape[0], self.owner.capacity, key_states, value_states)
