@@ -47,7 +47,9 @@ def positions(loaded, prompts: list[str], tokens: int) -> list[list[dict]]:
             seq = model.generate(torch.tensor([ids]), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)[0]
             hidden = engine.target.base(input_ids=seq[None]).last_hidden_state[0]  # [T, H]
             first = len(ids) - 1  # the position whose argmax is the first new token: the root's
-            q, top = torch.topk(torch.softmax(heads(hidden[first:-1]).float(), -1), TOP, dim=-1)  # [K, P, TOP]
+            h = hidden[first:-1]  # [P, H]; position t's root is token t+1
+            rows = heads(h, seq[first + 1:]) if heads.config.root_token else heads(h)
+            q, top = torch.topk(torch.softmax(rows.float(), -1), TOP, dim=-1)  # [K, P, TOP]
             seq = seq.tolist()
             out.append([{"q": q[:, j].tolist(), "ids": top[:, j].tolist(),
                          "next": seq[first + j + 2 : first + j + 2 + depth]}  # depth d's right token, d = 1..K

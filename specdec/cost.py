@@ -258,7 +258,7 @@ def _measure(engine: "Engine", cache, ids: torch.Tensor, ctx: int, deadline: flo
         kv_cache.keep_path(cache, ctx, [])
 
         def heads() -> None:
-            torch.topk(engine.head_logits(h).float().softmax(-1), 10, -1)[0].tolist()
+            torch.topk(engine.head_logits(h, root=0).float().softmax(-1), 10, -1)[0].tolist()
 
         def heads_then_forward() -> None:
             heads()
@@ -320,7 +320,7 @@ def fastest_projection_dtype(target: "TargetModel", heads: "MedusaHeads", reps: 
             for dtype, ws in weights.items():
                 heads.use_projection_weights(ws)
                 a_round()
-                t = _timed(lambda: heads(hidden).float().argmax(-1).tolist())
+                t = _timed(lambda: heads.first(hidden, heads.config.num_heads, 0).float().argmax(-1).tolist())
                 if rep:  # the first pass warms up
                     times.setdefault(dtype, []).append(t)
             if rep >= 2 and time.perf_counter() > deadline:

@@ -400,3 +400,56 @@ def test_engine_event_text_keeps_characters_whole(byte_model, byte_tokenizer):
     assert all("\ufffd" not in p for p in pieces)
     assert pieces.count("") == n - len(text)  # continuation bytes wait for their character
     assert max(len(ev.emitted) for ev in events) >= 3  # characters completed inside accepted blocks
+
+
+# -- heads that read the root token ------------------------------------------------------------------
+
+def _root_spy(heads, monkeypatch) -> list[int]:
+    """Every root token the heads read, in call order."""
+    seen, real = [], heads.root_input
+
+    def spy(hidden, root):
+        seen.extend(torch.as_tensor(root).reshape(-1).tolist())
+        return real(hidden, root)
+
+    monkeypatch.setattr(heads, "root_input", spy)
+    return seen
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_root_token_heads_greedy_equals_hf_generate_and_read_each_rounds_root(arch, models, hf_refs, monkeypatch):
+    from specdec.heads import random_heads
+
+    heads = random_heads(models[arch], shared_lm_head=False, seed=1, root_token=True)
+    loaded = specdec.load(models[arch], heads=heads, device="cpu")
+    specdec.generate(loaded, prompt_ids=PROMPTS[0], max_new_tokens=2, tree="auto")  # measures the cost model
+    seen = _root_spy(loaded.heads, monkeypatch)
+    for tree in ("default", "auto"):
+        for i, prompt in enumerate(PROMPTS):
+            seen.clear()
+            out = specdec.generate(loaded, prompt_ids=prompt, max_new_tokens=N, tree=tree, lookup=0,
+                                   eos_token_id=None)
+            assert out.token_ids == hf_refs[arch, i][:N], f"{tree}, prompt {i}"
+            roots = [r.nodes[0].token_id for r in out.rounds[1:] if any(n.source == "heads" for n in r.nodes)]
+            if tree == "default":  # the static tree drafts every round, but a last one with one token to go
+                assert len(roots) >= len(out.rounds) - 2
+            # each drafting round's heads read exactly that round's root, the token the last round emitted
+            assert seen == roots
+
+
+def test_root_token_heads_in_a_batch_read_each_members_root(models, monkeypatch):
+    from specdec.heads import random_heads
+
+    model = models["llama"]
+    loaded = specdec.load(model, heads=random_heads(model, shared_lm_head=False, seed=2, root_token=True),
+                          device="cpu", max_batch_size=4)
+    seen = _root_spy(loaded.heads, monkeypatch)
+    outs = specdec.generate_batch(loaded, prompt_ids=PROMPTS, max_new_tokens=N, tree="default", lookup=0,
+                                  eos_token_id=None)
+    roots = [r.nodes[0].token_id for o in outs for r in o.rounds[1:] if r.nodes]
+    # One call reads every member's root; a member with one token to go drafts nothing from it.
+    from collections import Counter
+    assert roots and not Counter(roots) - Counter(seen)
+    assert len(seen) - len(roots) <= len(PROMPTS)
+    for out, prompt in zip(outs, PROMPTS):
+        assert out.token_ids == hf_greedy(model, prompt, N)

@@ -216,3 +216,68 @@ def test_heads_object_is_moved_to_the_models_device_and_dtype():
     assert loaded.engine.heads is loaded.heads
     out = specdec.generate(loaded, prompt_ids=[1, 2, 3], max_new_tokens=8, tree="chain", lookup=0)
     assert len(out.token_ids) == 8
+
+
+# -- heads that read the root token --------------------------------------------------------------------
+
+def test_root_token_heads_read_the_root_embedding_in_their_first_block(llama):
+    heads = random_heads(llama, num_heads=3, num_layers=2, shared_lm_head=False, seed=4, root_token=True)
+    x, roots = torch.randn(5, H), torch.tensor([1, 2, 3, 4, 5])
+    out = heads(x, roots)  # [3, 5, V]
+    e = llama.get_input_embeddings()(roots)  # [5, H]
+    for k in range(3):
+        lin = heads.blocks[k][0].linear  # weight [H, 2H]: hidden columns, then root columns
+        first = x + torch.nn.functional.silu(x @ lin.weight[:, :H].T + e @ lin.weight[:, H:].T + lin.bias)
+        torch.testing.assert_close(out[k], heads.project(k, heads.blocks[k][1](first)), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out[k], heads.head(k, x, roots), atol=1e-5, rtol=1e-5)
+    # one hidden state and its root (an int), and a probe of the first heads, give that row
+    torch.testing.assert_close(heads(x[2], 3), out[:, 2], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(heads.first(x[2], 2, 3), out[:2, 2], atol=1e-5, rtol=1e-5)
+    # another root moves every head's logits: the heads do read it
+    other = heads(x, roots + 1)
+    assert all(not torch.allclose(other[k], out[k]) for k in range(3))
+
+
+def test_root_token_heads_start_as_medusa_heads(llama):
+    """The root's columns start at zero: a fresh root_token head is the identity, whatever the root."""
+    heads = MedusaHeads(config(num_heads=2, root_token=True), llama.get_output_embeddings(),
+                        llama.get_input_embeddings())
+    assert heads.blocks[0][0].linear.weight.shape == (H, 2 * H)
+    x = torch.randn(4, H)
+    base = llama.get_output_embeddings()(x)
+    for roots in ([0, 1, 2, 3], [9, 9, 9, 9]):
+        out = heads(x, roots)
+        for k in range(2):
+            torch.testing.assert_close(out[k], base, atol=1e-6, rtol=0)
+
+
+def test_root_token_heads_refuse_what_they_cannot_run(llama):
+    heads = random_heads(llama, num_heads=2, shared_lm_head=False, root_token=True)
+    with pytest.raises(ValueError, match="pass `root`"):
+        heads(torch.randn(H))
+    with pytest.raises(ValueError, match=r"`root` must have shape \(3,\)"):
+        heads(torch.randn(3, H), [1, 2])
+    bare = MedusaHeads(config(num_heads=2, root_token=True), llama.get_output_embeddings())
+    with pytest.raises(ValueError, match="input embeddings"):
+        bare(torch.randn(H), 1)
+    bare.bind_embeddings(llama.get_input_embeddings())
+    assert bare(torch.randn(H), 1).shape == (2, V)
+    with pytest.raises(ValueError, match="num_layers >= 1"):
+        MedusaHeads(config(num_layers=0, root_token=True))
+    # plain Medusa heads take no root and ignore one
+    plain = random_heads(llama, num_heads=2)
+    x = torch.randn(H)
+    torch.testing.assert_close(plain(x, 5), plain(x))
+
+
+def test_root_token_heads_save_and_load(llama, tmp_path):
+    heads = random_heads(llama, num_heads=2, shared_lm_head=False, seed=6, root_token=True)
+    heads.save(tmp_path)
+    assert json.loads((tmp_path / CONFIG_NAME).read_text())["root_token"] is True
+    back, _ = load_heads(tmp_path, llama)
+    assert back.config.root_token
+    x = torch.randn(3, H)
+    torch.testing.assert_close(back(x, [4, 5, 6]), heads(x, [4, 5, 6]))
+    from specdec.heads_io import write_heads
+    with pytest.raises(ValueError, match="root_token=True"):
+        write_heads(heads, tmp_path / "m", "medusa")
