@@ -89,6 +89,9 @@ def main(argv=None) -> int:
     h.add_argument("--num-heads", type=int, default=4)
     h.add_argument("--num-layers", type=int, default=1)
     h.add_argument("--shared-lm-head", action="store_true", help="reuse the model's lm_head (small on disk)")
+    h.add_argument("--root-token", action="store_true",
+                   help="heads also read the root token's embedding (what a sampled round drew): better drafts "
+                        "when sampling; specdec's own layout only, not Medusa's or vLLM's")
     h.add_argument("--num-seqs", type=int, default=None,
                    help="training sequences (default: 4096 corpus windows, or each of your training prompts once)")
     h.add_argument("--valid-seqs", type=int, default=256,
@@ -173,6 +176,8 @@ def _check_heads_args(ap, a) -> None:
             ap.error(f"heads: --{name.replace('_', '-')} must be >= {low}, got {value}")
     if not 0 <= a.greedy_frac <= 1:
         ap.error(f"heads: --greedy-frac must be in [0, 1], got {a.greedy_frac}")
+    if a.root_token and a.num_layers < 1:
+        ap.error("heads: --root-token needs --num-layers >= 1 (the first residual block reads the root)")
     if (os.path.sep in a.model or a.model.startswith(".")) and not os.path.isdir(a.model):
         ap.error(f"--model path {a.model!r} does not exist")
 
@@ -228,7 +233,8 @@ def _heads(ap, a, argv) -> int:
         if not valid_ids:
             ap.error("heads: the held-out accuracy needs --valid-seqs >= 1 (and at least 2 records)")
         out = Path(a.out)
-        variant = {"num_heads": a.num_heads, "num_layers": a.num_layers, "shared_lm_head": a.shared_lm_head}
+        variant = {"num_heads": a.num_heads, "num_layers": a.num_layers, "shared_lm_head": a.shared_lm_head,
+                   "root_token": a.root_token}
         metrics = train_heads(model, tok, out, {"heads": variant}, prompt_len=a.prompt_len, gen_len=a.gen_len,
                               gen_batch=a.gen_batch, batch=a.batch_size, lr=a.lr, max_seconds=a.max_seconds,
                               max_steps=a.max_steps, device=a.device, seed=a.seed, train_prompts=train_ids,
