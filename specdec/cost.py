@@ -333,6 +333,35 @@ def fastest_projection_dtype(target: "TargetModel", heads: "MedusaHeads", reps: 
     return best if statistics.median(times[best]) < margin * statistics.median(times[own]) else own
 
 
+@torch.inference_mode()
+def packed_rows_pay(target: "TargetModel", rows: int = 8, reps: int = 12, margin: float = 0.9,
+                    budget_s: float = 0.5) -> bool:
+    """Do `rows` vocabulary rows cost less through oneDNN's prepacked product (specdec.packed) than through
+    the model's lm_head here, by at least `1 - margin`? Timed as verification runs them, right after a
+    forward of that many tokens, interleaved. False where oneDNN cannot run this lm_head, and without
+    measuring for an lm_head under 256K weights (1 MB), whose rows cost a few µs either way. About 0.1 s."""
+    from . import packed
+
+    if not packed.available(target.lm_head) or target.lm_head.weight.numel() < 1 << 18:
+        return False
+    ids = torch.arange(rows, device=target.device) % target.vocab_size
+    candidate = packed.PackedProjection(target.lm_head)
+    times: dict[str, list[float]] = {"own": [], "packed": []}
+    deadline = time.perf_counter() + budget_s
+    try:
+        for rep in range(reps + 1):
+            for name, project in (("own", target.lm_head), ("packed", candidate)):
+                hidden = target.forward(ids, kv_cache.new_cache(target.model))  # [rows, H]
+                t = _timed(lambda: project(hidden).argmax(-1).tolist())
+                if rep:  # the first pass warms up (and packs the weight)
+                    times[name].append(t)
+            if rep >= 2 and time.perf_counter() > deadline:
+                break
+    except RuntimeError:  # this build's oneDNN refuses the product: keep the model's own
+        return False
+    return statistics.median(times["packed"]) < margin * statistics.median(times["own"])
+
+
 def _nondecreasing(ys: list[float]) -> list[float]:
     """The least-squares nondecreasing fit of ys (pool adjacent violators: each run that falls is averaged)."""
     blocks: list[list[float]] = []  # [sum, count] per pooled run

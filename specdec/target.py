@@ -61,6 +61,15 @@ class TargetModel:
         # specdec's position-addressed buffer where the model's attention honours it; HF's growing cache else.
         self.graphs = None  # specdec.graphs.Graphs once `use_graphs` is called: captured forwards
         self.slots = self._slots_work()
+        self.packed_rows = None  # specdec.packed.PackedProjection once `use_packed_rows` is called
+
+    def use_packed_rows(self, on: bool = True) -> bool:
+        """Compute two or more vocabulary rows through oneDNN with a prepacked lm_head (CPU, fp32; see
+        specdec.packed); one row stays on the model's own lm_head. Returns whether it is on."""
+        from . import packed
+
+        self.packed_rows = packed.PackedProjection(self.lm_head) if on and packed.available(self.lm_head) else None
+        return self.packed_rows is not None
 
     def use_graphs(self, capture: str = "cuda") -> bool:
         """Replay captured forwards from now on (CUDA graphs; "recorded" is the CPU stand-in for tests).
@@ -299,7 +308,8 @@ class TargetModel:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., V] float32 logits, as the model's own head computes them."""
-        x = self.lm_head(hidden)
+        several = self.packed_rows is not None and hidden.dim() == 2 and hidden.shape[0] > 1
+        x = self.packed_rows(hidden) if several else self.lm_head(hidden)
         if self.logit_scale is not None:
             x = x * self.logit_scale
         if self.softcap:

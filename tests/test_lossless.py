@@ -218,18 +218,21 @@ def test_chi2_helper_detects_a_small_bias():
 # -- end to end through the engine -------------------------------------------------
 
 def engine_counts(model, tree: str, n: int, seed0: int, prefix_cache=None, graphs: bool = False,
-                  heads_dtype=None, root_token: bool = False, rule: str = "lossless") -> np.ndarray:
+                  heads_dtype=None, root_token: bool = False, rule: str = "lossless",
+                  packed_rows: bool = False) -> np.ndarray:
     """Counts of (t2, t3): the first two tokens of the first speculative round.
 
     graphs: run every forward through `specdec.graphs` (recorded replays of captured forwards on the CPU).
     heads_dtype: draft with heads of their own vocabulary projections, stored in this dtype.
     root_token: draft with heads that also read the root token.
+    packed_rows: the target's rows for a round's nodes in one prepacked oneDNN product (specdec.packed).
     """
     heads = "random"
     if heads_dtype is not None or root_token:
         from specdec.heads import random_heads
         heads = random_heads(model, shared_lm_head=False, seed=0, root_token=root_token)
-    loaded = specdec.load(model, heads=heads, device="cpu", prefix_cache=prefix_cache, heads_dtype=heads_dtype)
+    loaded = specdec.load(model, heads=heads, device="cpu", prefix_cache=prefix_cache, heads_dtype=heads_dtype,
+                          packed_rows=packed_rows)
     if graphs:
         assert loaded.engine.target.use_graphs("recorded")
     counts = np.zeros((V, V))
@@ -452,4 +455,28 @@ def test_root_token_heads_negative_control_typical_acceptance(model, joint_after
     counts = engine_counts(model, "default", N_CONTROL, seed0=50_000, root_token=True, rule="typical")
     p = chi2_pvalue(counts, joint_after_first)
     print(f"\n[engine, root-token heads] typical (lossy) control p = {p:.4g}")
+    assert p < FAIL_P
+
+
+@pytest.mark.slow
+def test_engine_with_packed_rows_is_lossless(model, joint_after_first):
+    """Every node's row from one prepacked oneDNN product: still exactly the target's law."""
+    from specdec import packed
+
+    if not packed.available(model.get_output_embeddings()):
+        pytest.skip("this PyTorch has no oneDNN")
+    counts = engine_counts(model, "default", N_ENGINE, seed0=70_000, packed_rows=True)
+    assert_follows(counts, joint_after_first, "engine, packed rows")
+
+
+@pytest.mark.slow
+def test_packed_rows_negative_control_typical_acceptance(model, joint_after_first):
+    """The same packed rows under Medusa's lossy typical acceptance: the test sees the bias."""
+    from specdec import packed
+
+    if not packed.available(model.get_output_embeddings()):
+        pytest.skip("this PyTorch has no oneDNN")
+    counts = engine_counts(model, "default", N_CONTROL, seed0=70_000, packed_rows=True, rule="typical")
+    p = chi2_pvalue(counts, joint_after_first)
+    print(f"\n[engine, packed rows] typical (lossy) control p = {p:.4g}")
     assert p < FAIL_P
