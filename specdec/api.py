@@ -179,8 +179,7 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
     elif isinstance(heads, MedusaHeads):
         # Heads built or trained elsewhere (often fp32 on the CPU) must run where the model runs.
         head_mod = heads.to(device=target.device, dtype=target.dtype).eval()
-        if not head_mod._embed:  # root_token heads read this model's own embedding table
-            head_mod.bind_embeddings(hf_model.get_input_embeddings())
+        head_mod.bind_embeddings(hf_model.get_input_embeddings())  # root_token heads read this model's table
     elif heads == "random":
         head_mod = random_heads(hf_model)
     else:

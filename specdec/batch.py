@@ -355,7 +355,7 @@ class _SharedHeads:
         self.per_member = len(members) == 1
 
     def __call__(self, run: RunState) -> torch.Tensor:
-        roots = getattr(self.heads.config, "root_token", False)
+        roots = self.heads.config.root_token
         if not self.per_member and self.rows is None:
             h = torch.stack([m.run.h_last for m in self.members])  # [b, H]
             try:

@@ -419,7 +419,7 @@ class Engine:
             logits = self.target.graphs.heads(self.heads, hidden, k, root)
             if logits is not None:
                 return logits
-        if getattr(self.heads.config, "root_token", False):
+        if self.heads.config.root_token:
             return self.heads.first(hidden, k, root)
         return self.heads.first(hidden, k) if k < K else self.heads(hidden)
 

@@ -250,8 +250,7 @@ class Graphs:
         -> [k, V]; None where they run eagerly."""
         if not getattr(heads, "graph_safe", False):  # e.g. the bench's oracle, which looks things up on the host
             return None
-        reads_root = getattr(heads.config, "root_token", False)
-        if reads_root and root is None:
+        if heads.config.root_token and root is None:
             return None  # the eager call explains what is missing
         key = (id(heads), k)
         with self._lock:
