@@ -36,12 +36,12 @@ def _install() -> None:
     """Let a forced variant keep the policy's work but replace its answers."""
     choose, wants = tree_policy.DynamicTree.choose, tree_policy.DynamicTree.wants_heads
 
-    def forced_wants(self, chain, room, greedy):
-        k = wants(self, chain, room, greedy)
+    def forced_wants(self, chain, room, greedy, *match):
+        k = wants(self, chain, room, greedy, *match)
         return k if FORCED[0] is None else max(map(len, FORCED[0]))
 
-    def forced_choose(self, q, chain, room, greedy):
-        c = choose(self, q, chain, room, greedy)
+    def forced_choose(self, q, chain, room, greedy, *match):
+        c = choose(self, q, chain, room, greedy, *match)
         if FORCED[0] is None or q is None:
             return c
         return tree_policy.Choice(tuple(p for p in FORCED[0] if len(p) <= min(room, len(q))), 0, c.expected)

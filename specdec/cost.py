@@ -223,7 +223,8 @@ def _measure(engine: "Engine", cache, ids: torch.Tensor, ctx: int, deadline: flo
         else:
             tree = build_tree(shape[: n - 1])
             hidden = target.forward(toks, cache, tree.ancestor_mask, tree.depth_t)
-        target.logits(hidden).argmax(-1).tolist()  # every row's argmax and one host sync, as greedy verify
+        # every row's argmax and one host sync, as greedy verify; one row packed, as a speculative round reads it
+        target.logits(hidden, pack_one=True).argmax(-1).tolist()
         kv_cache.keep_path(cache, ctx, [])
 
     # Another process busy on the same cores slows some calls, never speeds one up, and a busy
@@ -273,7 +274,7 @@ def _measure(engine: "Engine", cache, ids: torch.Tensor, ctx: int, deadline: flo
         # moment then moves heads and forwards alike, and the policy, which compares rates, does not move.
         # Noise can make the difference vanish; the heads never cost less than they take alone.
         heads_s = max(statistics.median(added) * min(ones), _time(heads, reps))
-    row = target.logits(target.forward(ids[ctx : ctx + 1], cache)[-1])  # [V]
+    row = target.logits(target.forward(ids[ctx : ctx + 1], cache)[-1], pack_one=True)  # [V]
     kv_cache.keep_path(cache, ctx, [])
     target.release(cache)  # the requests below may want the pooled buffer
     law = SamplingParams(temperature=0.7, top_p=0.9)  # the app's default law: filters that cut

@@ -251,9 +251,9 @@ class Engine:
         if plan.tree is None or room < 1:  # plain decoding, or the last token: nothing to draft
             return Draft(ROOT_ONLY, [run.pending], [None], drafted=False,
                          expected=1.0 if run.policy is not None else None)
-        chain = run.ngram.propose(min(req.lookup, room)) if run.ngram is not None else []
+        chain, match = run.ngram.match(min(req.lookup, room)) if run.ngram is not None else ([], 0)
         if run.policy is not None:
-            return self._draft_dynamic(run, params, chain, room)
+            return self._draft_dynamic(run, params, chain, match, room)
         tree = plan.tree if plan.tree.max_depth <= room else plan.tree.truncated(room)
         if chain and req.lookup_mode == "first":
             tree = ROOT_ONLY  # the context repeats: skip the heads' cost this round
@@ -264,10 +264,12 @@ class Engine:
             q += [None] * (len(tokens) - len(q))
         return Draft(tree, tokens, q, drafted=True, heads_ran=heads_ran)
 
-    def _draft_dynamic(self, run: "RunState", params: SamplingParams, chain: list[int], room: int) -> "Draft":
-        """Step 1 under the "auto" policy: score the heads' candidates, let the policy pick the tree."""
+    def _draft_dynamic(self, run: "RunState", params: SamplingParams, chain: list[int], match: int, room: int
+                       ) -> "Draft":
+        """Step 1 under the "auto" policy: score the heads' candidates, let the policy pick the tree
+        (`match`: the length of the n-gram the lookup chain follows)."""
         policy, scores, top = run.policy, None, None
-        k = policy.wants_heads(len(chain), room, params.greedy) if self.heads is not None else 0
+        k = policy.wants_heads(len(chain), room, params.greedy, match) if self.heads is not None else 0
         if k:
             with torch.inference_mode():
                 # Scored under the round's own filters: that is the law the target is verified with.
@@ -276,7 +278,7 @@ class Engine:
             top, scores = (host[0], host[2]), host[1]  # ids as floats: int() only for the nodes drafted
         if scores is None and not chain:  # the heads rest and nothing repeats: a plain round
             return Draft(ROOT_ONLY, [run.pending], [None], drafted=False, expected=1.0)
-        choice = policy.choose(scores, len(chain), room, params.greedy)
+        choice = policy.choose(scores, len(chain), room, params.greedy, match)
         tree = build_tree(choice.paths, checked=True)  # prefix-closed and sorted by construction
         tokens, q, learn = [run.pending], [None], [None]
         for p in tree.paths[1:]:  # BFS order: node i is paths[i]
@@ -292,7 +294,7 @@ class Engine:
             first = len(chain) - grafted  # chain positions the merged head nodes stood in for
             learn += [("lookup", first + j) for j in range(grafted)]
         return Draft(tree, tokens, q, drafted=True, learn=tuple(learn), expected=choice.expected,
-                     heads_ran=k / self.heads.config.num_heads if k else 0.0)
+                     heads_ran=k / self.heads.config.num_heads if k else 0.0, match=match if chain else 0)
 
     def _forward(self, run: "RunState", draft: "Draft | None") -> torch.Tensor:
         """Step 2: one target forward of the round's nodes (round 0: the uncached prompt). -> [N, H]"""
@@ -321,9 +323,11 @@ class Engine:
         rule = "lossless" if rule == "plain" else rule  # a one-node tree: every rule samples p at the root
         lap = clock.lap if clock is not None else (lambda name: None)
 
+        pack_one = run.plan.request.speculative  # plain decoding keeps HF's own one-row logits
+
         def rows(x: torch.Tensor) -> torch.Tensor:
             lap("verify")  # verification's own work up to here
-            logits = self.target.logits(x)
+            logits = self.target.logits(x, pack_one)
             lap("rows")
             return logits
 
@@ -382,7 +386,8 @@ class Engine:
                 heads.append((kind[1], kind[2], kind[3], outcome))
             else:
                 lookup.append((kind[1], outcome))
-        run.policy.observe(params.greedy, heads, lookup, draft.tree.num_nodes, len(verdict.accepted), draft.heads_ran)
+        run.policy.observe(params.greedy, heads, lookup, draft.tree.num_nodes, len(verdict.accepted), draft.heads_ran,
+                           draft.match)
 
     def _event(self, run: "RunState", index: int, draft: "Draft | None", verdict: Verdict,
                emitted: tuple[EmittedToken, ...], params: SamplingParams, clock: Stopwatch) -> RoundEvent:

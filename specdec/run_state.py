@@ -33,6 +33,7 @@ class Draft:
     learn: tuple = ()
     expected: float | None = None  # the policy's expected tokens this round
     heads_ran: float = 0.0  # the share of the heads that ran: 0, 1/K for a probe of the first, or 1
+    match: int = 0  # the length of the n-gram the lookup chain followed (0: no chain)
 
 
 @dataclass

@@ -47,11 +47,13 @@ PRIOR_WEIGHT = 1.0  # pseudo-observations behind the prior: a few rounds overrid
 # 0.4-0.9, lower for confident heads) and about right, or under, for its argmax.
 PRIOR = {"greedy": 1.0, "sampled": 0.6}
 DECAY = 0.97  # per round: about 30 rounds of memory, so a slider change is learned quickly
-# A lookup token's acceptance before any evidence, by chain position: once one is accepted the
-# context is repeating, and later tokens are likelier (each estimate is conditional on its parent).
-# Measured on the embedded model: greedy 0.66 then 0.9; sampled 0.37 then 0.5-0.9 at T = 0.7,
-# 0.17 then 0.4-0.7 at T = 1.0.
-LOOKUP_PRIOR = {"greedy": (0.6, 0.9), "sampled": (0.3, 0.6)}
+# A lookup token's acceptance before any evidence, by the length of the n-gram the chain follows
+# (1, 2, 3 or more) and by chain position: once one is accepted the context is repeating, and later
+# tokens are likelier (each estimate is conditional on its parent). Measured on the embedded model
+# (`lookup.NgramIndex.match`), first token after a 1-, 2- and 3-gram match: greedy 0.39, 0.75, 0.95;
+# T = 0.7 0.34, 0.49, 0.69; T = 1.0 0.16, 0.32, 0.62.
+MATCH_CLASSES = 3  # chains are calibrated apart after a 1-gram, a 2-gram and a longer match
+LOOKUP_PRIOR = {"greedy": ((0.4, 0.8), (0.7, 0.9), (0.9, 0.95)), "sampled": ((0.2, 0.5), (0.35, 0.6), (0.6, 0.7))}
 # How fast the heads' running rate follows new rounds, and how many full rounds they run before it
 # is first judged (cold, or back from a rest). Greedy: slow, after a trial. On distilled heads a bad
 # greedy stretch says little about the next rounds (measured: the least promising quarter of contexts
@@ -301,7 +303,11 @@ class DynamicTree:
         self._round_s = [cost.round_time(n, False) for n in range(1, self.max_nodes + 1)]  # [max_nodes]
         self._floor_s = [min(self._round_s[i:]) for i in range(self.max_nodes)]  # the least any size >= n costs
         self.heads_cal = {m: Calibrator(num_heads * RANKS, PRIOR[m], stride=RANKS) for m in ("greedy", "sampled")}
-        self.lookup_cal = {m: Calibrator(max(lookup, 1), LOOKUP_PRIOR[m]) for m in ("greedy", "sampled")}
+        # Lookup rows: per match class, one per chain position (the first two have their own prior).
+        self._chain_rows = max(lookup, 1)
+        self.lookup_cal = {m: Calibrator(MATCH_CLASSES * self._chain_rows, tuple(
+            prior[min(j, len(prior) - 1)] for prior in LOOKUP_PRIOR[m] for j in range(self._chain_rows)))
+            for m in ("greedy", "sampled")}
         self.num_heads = num_heads
         self.lookup = lookup
         self.rest = 0  # rounds left before the heads run again
@@ -349,7 +355,7 @@ class DynamicTree:
     def mode(greedy: bool) -> str:
         return "greedy" if greedy else "sampled"
 
-    def wants_heads(self, chain: int, room: int, greedy: bool) -> int:
+    def wants_heads(self, chain: int, room: int, greedy: bool, match: int = 1) -> int:
         """How many heads this round runs: none while they rest, or when the lookup chain alone is
         expected to be faster than the chain plus what the heads' nodes recently added (their
         forward is then saved); the first one alone to probe after a rest; else all of them."""
@@ -359,9 +365,10 @@ class DynamicTree:
             return 0
         if chain and self.heads_rate is not None:
             n, rate, picks = self._best_prefix(
-                _best_first([], self._lookup_estimates(chain, room, self.mode(greedy)), self.max_nodes - 1), greedy)
+                _best_first([], self._lookup_estimates(chain, room, self.mode(greedy), match), self.max_nodes - 1),
+                greedy)
             # What `choose` computes this round if the heads do not run: kept, not computed twice
-            self._chain_alone = ((chain, room, greedy), (n, rate, picks))
+            self._chain_alone = ((chain, room, greedy, match), (n, rate, picks))
             expected = 1.0 + sum(v for _, _, v in picks[:n]) + self.heads_gain
             nodes = 1 + n + round(self.heads_nodes)
             if expected / self.cost.round_time(nodes, True, expected, not greedy) <= rate:
@@ -373,7 +380,7 @@ class DynamicTree:
             return 1
         return self.num_heads
 
-    def choose(self, q: list[list[float]] | None, chain: int, room: int, greedy: bool) -> Choice:
+    def choose(self, q: list[list[float]] | None, chain: int, room: int, greedy: bool, match: int = 1) -> Choice:
         """The round's tree from the heads' scores and the lookup chain's length.
 
         Args:
@@ -381,16 +388,17 @@ class DynamicTree:
             chain: lookup chain tokens proposed this round (0: none).
             room: the deepest a node may be (token and context limits).
             greedy: the round's params decode greedily.
+            match: the length of the n-gram the chain follows (`lookup.NgramIndex.match`).
         """
         mode = self.mode(greedy)
         heads_ran = q is not None
         known, self._chain_alone = self._chain_alone, None
-        if not heads_ran and known is not None and known[0] == (chain, room, greedy):
+        if not heads_ran and known is not None and known[0] == (chain, room, greedy, match):
             best, _, picks = known[1]  # the lookup chain alone, as `wants_heads` just valued it
         else:
             acc = self._head_estimates(q, room, mode)
             best, _, picks = self._best_prefix(
-                _best_first(acc, self._lookup_estimates(chain, room, mode), self.max_nodes - 1), greedy)
+                _best_first(acc, self._lookup_estimates(chain, room, mode, match), self.max_nodes - 1), greedy)
         if heads_ran and picks:
             # Once the heads ran, draft at least their best node: a round without one teaches the
             # calibration nothing, and a cold estimate could then never warm up.
@@ -407,8 +415,9 @@ class DynamicTree:
         return Choice(paths, n_chain, expected)
 
     def observe(self, greedy: bool, heads: list[tuple[int, int, float, float]], lookup: list[tuple[int, float]],
-                nodes: int, accepted: int, heads_ran: float) -> None:
-        """Learn from a verdict: heads' (depth, rank, q, outcome) and lookup's (position, outcome).
+                nodes: int, accepted: int, heads_ran: float, match: int = 1) -> None:
+        """Learn from a verdict: heads' (depth, rank, q, outcome) and lookup's (position, outcome),
+        the chain having followed a `match`-gram.
 
         The outcome of a drafted node whose parent was reached is, for greedy decoding, 1 if the
         target's argmax was its token, else 0; for sampling, the target's filtered p(token).
@@ -419,8 +428,7 @@ class DynamicTree:
             self._rest_heads(nodes, accepted, greedy, heads_ran)
         mode = self.mode(greedy)
         self.heads_cal[mode].observe([(_row(d, r), q, o) for d, r, q, o in heads])
-        cal = self.lookup_cal[mode]
-        cal.observe([(min(j, cal.rows - 1), 1.0, o) for j, o in lookup])
+        self.lookup_cal[mode].observe([(self._chain_row(match, j), 1.0, o) for j, o in lookup])
 
     # -- pieces -----------------------------------------------------------------
     def _head_estimates(self, q, room: int, mode: str) -> list[list[float]]:
@@ -431,9 +439,13 @@ class DynamicTree:
         return [[min(1.0, x * ratios[_row(d, r)][cut(BIN_EDGES, x) - 1]) for r, x in enumerate(row)]
                 for d, row in enumerate(q[: min(len(q), room)])]
 
-    def _lookup_estimates(self, chain: int, room: int, mode: str) -> list[float]:
+    def _lookup_estimates(self, chain: int, room: int, mode: str, match: int) -> list[float]:
         cal = self.lookup_cal[mode]
-        return [cal.estimate(min(j, cal.rows - 1), 1.0) for j in range(min(chain, room))]
+        return [cal.estimate(self._chain_row(match, j), 1.0) for j in range(min(chain, room))]
+
+    def _chain_row(self, match: int, j: int) -> int:
+        """The lookup calibrator's row of chain position j after a `match`-gram."""
+        return (min(max(match, 1), MATCH_CLASSES) - 1) * self._chain_rows + min(j, self._chain_rows - 1)
 
     def _best_prefix(self, picks: "Iterator[tuple[str, tuple, float]]", greedy: bool
                      ) -> tuple[int, float, list[tuple[str, tuple, float]]]:

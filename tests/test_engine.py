@@ -379,8 +379,8 @@ def test_engine_event_text_keeps_characters_whole(byte_model, byte_tokenizer):
     oracle = OracleHeads(byte_model, script)
     real_logits = target.logits
 
-    def scripted_logits(hidden):  # [..., H] -> [..., V]: force the script where the hidden state is on it
-        out = real_logits(hidden).clone()
+    def scripted_logits(hidden, pack_one=False):  # [..., H] -> [..., V]: force the script where the hidden state is on it
+        out = real_logits(hidden, pack_one).clone()
         flat, rows = hidden.reshape(-1, hidden.shape[-1]), out.view(-1, out.shape[-1])
         for r in range(flat.shape[0]):
             dist = (oracle.h_ref - flat[r]).norm(dim=-1)

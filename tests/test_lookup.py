@@ -45,6 +45,18 @@ def test_propose_examples():
         NgramIndex([1], 0)
 
 
+def test_match_names_the_length_of_the_ngram_the_chain_follows():
+    toks = [1, 2, 3, 9, 2, 3, 8, 1, 2, 3]
+    assert NgramIndex(toks, 3).match(2) == ([9, 2], 3)  # "1 2 3" occurred at 0-2
+    assert NgramIndex(toks, 2).match(1) == ([8], 2)
+    assert NgramIndex([4, 5, 6, 5], 3).match(2) == ([6, 5], 1)  # only "5" occurred before
+    assert NgramIndex([7, 8, 9], 3).match(4) == ([], 0)
+    assert NgramIndex(toks, 3).match(0) == ([], 0)
+    for n in (1, 2, 3):
+        idx = NgramIndex(toks, n)
+        assert idx.propose(3) == idx.match(3)[0]
+
+
 def test_incremental_index_matches_the_definition():
     rng = random.Random(0)
     for trial in range(200):

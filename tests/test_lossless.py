@@ -378,6 +378,61 @@ def test_engine_with_lookup_is_lossless(model, joint_after_first_lookup, mode):
     assert p > PASS_P
 
 
+def dynamic_lookup_counts(model, n: int, seed0: int) -> tuple[np.ndarray, dict[int, set[int]]]:
+    """Counts of (t2, t3) on the dynamic tree drafting prompt lookup alone, and round 1's chain lengths by t1.
+
+    The policy calibrates chains by the length of the n-gram they follow. After LOOKUP_PROMPT (ending in
+    ROOT = 5), t1 = 6 makes a 2-gram match ("5 6" occurred) and every other t1 a 1-gram match; at the
+    cost below the priors draft one chain token after a 1-gram and two after a 2-gram. So round 1's
+    tree depends on t1, a token sampled by the prefill.
+    """
+    from specdec.cost import CostModel
+    from specdec.tree_policy import PolicyMemory
+
+    counts = np.array([1, 2, 4, 8, 16, 32, 64])
+    loaded = specdec.load(model, heads=None, device="cpu")
+    loaded.engine.set_cost_model(CostModel(tuple(counts), tuple((1.0 + 0.15 * counts) / 1e3), 0.0, 0.0))
+    out, chains = np.zeros((V, V)), {}
+    for i in range(n):
+        loaded.engine.policy_memory = PolicyMemory()  # round 1 sized by the priors alone, in every run
+        events = list(loaded.engine.stream(LOOKUP_PROMPT, 4, PARAMS.replace(seed=seed0 + i), tree="auto", lookup=3,
+                                           eos_token_id=None))
+        toks = [t.token_id for e in events for t in e.emitted]
+        chains.setdefault(toks[0], set()).add(sum(nd.source == "lookup" for nd in events[1].nodes))
+        out[toks[1], toks[2]] += 1
+    return out, chains
+
+
+@pytest.mark.slow  # a long statistical run
+def test_dynamic_tree_with_lookup_calibrated_by_match_length_is_lossless(model, joint_after_first_lookup):
+    counts, chains = dynamic_lookup_counts(model, N_ENGINE, seed0=21_000)
+    assert chains.get(6) == {2} and {1} in [chains[t] for t in chains if t != 6], \
+        f"round 1's chain must follow the match length of the sampled t1, got {chains}"
+    assert counts[joint_after_first_lookup == 0].sum() == 0
+    p = chi2_pvalue(counts, joint_after_first_lookup)
+    print(f"\n[engine, dynamic tree + lookup by match length] chi-square p = {p:.4g}, chains {chains}")
+    assert p > PASS_P
+
+
+@pytest.mark.slow
+def test_dynamic_tree_with_lookup_negative_control_always_accept(model, joint_after_first_lookup, monkeypatch):
+    """The same runs with the planted bug below (lookup drafts accepted without the test) must fail."""
+    real = verifier_mod.verify
+
+    def accept_lookup(tokens, tree, logits_at, params, rule, uniforms, **kw):
+        if not tree.lookup:
+            return real(tokens, tree, logits_at, params, rule, uniforms, **kw)
+        tok, _, _ = verifier_mod.draw(target_probs(logits_at(tree.lookup[-1]), params), uniforms[len(tree.lookup)])
+        return verifier_mod.Verdict((0,) + tree.lookup, tok, "bonus", 0.0, {}, ())
+
+    import specdec.engine as engine_mod
+    monkeypatch.setattr(engine_mod, "verify", accept_lookup)
+    counts, _ = dynamic_lookup_counts(model, N_CONTROL, seed0=21_000)
+    p = chi2_pvalue(counts, joint_after_first_lookup)
+    print(f"\n[engine, dynamic tree + lookup] always-accept control p = {p:.4g}")
+    assert p < FAIL_P
+
+
 @pytest.mark.slow  # a long statistical run; test_engine_is_lossless[default] keeps one in the quick loop
 def test_engine_with_lookup_negative_control_always_accept(model, joint_after_first_lookup, monkeypatch):
     """A planted bug: lookup drafts accepted without the test (as if p/q were ignored) must fail."""

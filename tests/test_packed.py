@@ -66,6 +66,30 @@ def test_one_row_stays_on_the_models_lm_head_and_several_go_packed(arch, models,
     assert not target.use_packed_rows(False) and target.packed_rows is None
 
 
+def test_a_speculative_requests_one_row_rounds_read_the_packed_copy_and_plain_decodings_do_not(models, monkeypatch):
+    """One copy of the lm_head for every round of a speculative request (drafted or not); plain decoding
+    keeps the model's own head, so its logits stay HF's bit for bit."""
+    loaded = specdec.load(models["llama"], heads="random", device="cpu", packed_rows=True)
+    target = loaded.engine.target
+    h = torch.randn(3, target.hidden_size)
+    with torch.inference_mode():
+        one = target.lm_head(h[0]).float()
+        torch.testing.assert_close(target.logits(h[0], pack_one=True), one, atol=1e-4, rtol=1e-5)  # [H] -> [V]
+        torch.testing.assert_close(target.logits(h[:1], pack_one=True), one[None], atol=1e-4, rtol=1e-5)
+    calls = []
+    real = packed.PackedProjection.__call__
+    monkeypatch.setattr(packed.PackedProjection, "__call__", lambda self, x: calls.append(x.shape[0]) or real(self, x))
+    prompt = PROMPTS[0]
+    plain = specdec.generate(loaded, prompt_ids=prompt, max_new_tokens=8, speculative=False, eos_token_id=None)
+    assert calls == [], "plain decoding reads its rows from the model's own lm_head"
+    # prompt lookup alone on a prompt with no repeats: every round is a one-row round of a speculative request
+    spec = specdec.generate(loaded, prompt_ids=list(range(5, 25)), max_new_tokens=8, tree="none", lookup=4,
+                            eos_token_id=None)
+    assert calls and set(calls) >= {1}, f"its one-row rounds go through the packed copy, got {calls}"
+    assert plain.token_ids == hf_greedy(models["llama"], prompt, 8)
+    assert spec.token_ids == hf_greedy(models["llama"], list(range(5, 25)), 8)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("tree,lookup", [("default", 0), ("auto", 10)])
 def test_greedy_with_packed_rows_equals_hf_generate(arch, models, tree, lookup):

@@ -113,6 +113,24 @@ def test_lookup_chain_competes_in_the_same_order():
     assert kinds.count("lookup") == 3 and len(picks) <= 10
 
 
+def test_lookup_chains_are_calibrated_by_the_length_of_their_match():
+    """A chain after a 3-gram match is likelier than one after a 1-gram match (the priors say so), and
+    what 1-gram chains teach does not move the estimates of 3-gram chains."""
+    policy = DynamicTree(4, MODERATE, lookup=5)
+    for mode in ("greedy", "sampled"):
+        one, three = (policy._lookup_estimates(5, 10, mode, m) for m in (1, 3))
+        assert one[0] < three[0] and all(a <= b for a, b in zip(one, three))
+        assert policy._lookup_estimates(5, 10, mode, 7) == three  # longer matches share the last class
+    before = policy._lookup_estimates(5, 10, "sampled", 3)
+    for _ in range(20):  # 1-gram chains whose first token the target never takes
+        policy.observe(False, [], [(0, 0.0)], nodes=6, accepted=1, heads_ran=0.0, match=1)
+    assert policy._lookup_estimates(5, 10, "sampled", 1)[0] < 0.05
+    assert policy._lookup_estimates(5, 10, "sampled", 3) == pytest.approx(before, rel=1e-9)
+    # So at a cost where a likely chain pays and an unlikely one does not, only the 3-gram chain is drafted.
+    assert policy.choose(None, 5, room=10, greedy=False, match=1).chain == 0
+    assert policy.choose(None, 5, room=10, greedy=False, match=3).chain > 0
+
+
 # -- sizing by cost ------------------------------------------------------------------------
 
 def confident(depths: int = 4) -> list[list[float]]:
