@@ -376,11 +376,11 @@ def _nondecreasing(ys: list[float]) -> list[float]:
 
 
 def _overhead(engine: "Engine", prompt: list[int]) -> float:
-    """The host time of a plain round outside its forward: the engine's own loop, measured."""
+    """The host time of a plain round outside its forward and its row: the engine's own loop, measured."""
     from .request import GenerationRequest  # the request module imports the engine's tree types
 
     events = list(engine.stream(GenerationRequest(prompt, 12, speculative=False, eos_token_id=None)))
-    rest = sorted((e.timings["total"] - e.timings["forward"]) / 1e3 for e in events[2:])
+    rest = sorted(_outside(e) for e in events[2:])
     return rest[len(rest) // 4] if rest else 0.0  # a low quantile, for the same reason as `measure`
 
 
@@ -390,8 +390,14 @@ def _drafted_overhead(engine: "Engine", prompt: list[int], plain: float) -> floa
     from .request import GenerationRequest
 
     events = list(engine.stream(GenerationRequest(prompt, 24, tree="none", lookup=4, eos_token_id=None)))
-    rest = sorted((e.timings["total"] - e.timings["forward"]) / 1e3 for e in events[1:] if len(e.nodes) > 1)
+    rest = sorted(_outside(e) for e in events[1:] if len(e.nodes) > 1)
     return max(rest[len(rest) // 4] - plain, 0.0) if rest else 0.0
+
+
+def _outside(ev: "RoundEvent") -> float:
+    """A round's seconds outside its forward and its vocabulary rows, which forward(N) already times."""
+    t = ev.timings
+    return (t["total"] - t["forward"] - t.get("rows", 0.0)) / 1e3
 
 
 def _timed(fn) -> float:
