@@ -369,7 +369,10 @@ class DynamicTree:
                 greedy)
             # What `choose` computes this round if the heads do not run: kept, not computed twice
             self._chain_alone = ((chain, room, greedy, match), (n, rate, picks))
-            expected = 1.0 + sum(v for _, _, v in picks[:n]) + self.heads_gain
+            # The heads' nodes add tokens where the chain's first token is rejected: where it is accepted,
+            # their depth-1 guesses are its rejected siblings (or the same token, merged).
+            first = picks[0][2] if n else 0.0
+            expected = 1.0 + sum(v for _, _, v in picks[:n]) + (1.0 - first) * self.heads_gain
             nodes = 1 + n + round(self.heads_nodes)
             if expected / self.cost.round_time(nodes, True, expected, not greedy) <= rate:
                 return 0

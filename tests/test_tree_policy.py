@@ -131,6 +131,30 @@ def test_lookup_chains_are_calibrated_by_the_length_of_their_match():
     assert policy.choose(None, 5, room=10, greedy=False, match=3).chain > 0
 
 
+def test_greedy_rounds_learn_the_candidates_they_did_not_draft():
+    """Under the accepted path, every head candidate's outcome is known in greedy decoding: the policy
+    learns it, once, for the depths the path reached and no deeper."""
+    from specdec.engine import _undrafted
+    from specdec.run_state import Draft
+    from specdec.verifier import Verdict
+
+    tree = build_tree(((0,), (1,), (0, 0)))  # nodes: root, (0,), (1,), (0, 0)
+    ids = [[10.0, 11.0, 12.0], [20.0, 21.0, 22.0], [30.0, 31.0, 32.0]]  # [D][k] head d's rank-r token
+    scores = [[0.6, 0.3, 0.1], [0.5, 0.4, 0.1], [0.9, 0.05, 0.05]]
+    draft = Draft(tree, [7, 10, 11, 20], [None, 0.6, 0.3, 0.5], drafted=True, candidates=(scores, ids))
+    # (0,) = 10 accepted, then (0, 0) = 20 rejected; the target's token at depth 2 was 21
+    verdict = Verdict((0, 1), 21, "correction", 0.5, {}, (3,))
+    drafted_seen = {(0, 0), (0, 1), (1, 0)}  # the drafted nodes whose parent was reached
+    got = _undrafted(draft, verdict, drafted_seen)
+    assert got == [(0, 2, 0.1, 0.0), (1, 1, 0.4, 1.0), (1, 2, 0.1, 0.0)]  # depth 3 (head 2) not reached
+    # The policy's estimate for a candidate it never drafted moves once such evidence comes in.
+    policy = DynamicTree(3, MODERATE)
+    before = policy._head_estimates([[0.9, 0.02, 0.01]] * 3, 3, "greedy")[0][1]
+    for _ in range(30):
+        policy.observe(True, [(0, 1, 0.02, 1.0)], [], nodes=4, accepted=2, heads_ran=0.0)
+    assert policy._head_estimates([[0.9, 0.02, 0.01]] * 3, 3, "greedy")[0][1] > 5 * before
+
+
 # -- sizing by cost ------------------------------------------------------------------------
 
 def confident(depths: int = 4) -> list[list[float]]:
