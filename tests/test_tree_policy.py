@@ -191,6 +191,27 @@ def test_a_flatter_law_drafts_a_smaller_tree():
     assert sizes[0] > sizes[1] > sizes[2], sizes
 
 
+@pytest.mark.parametrize("greedy", [True, False])
+def test_heads_a_little_slower_than_plain_rest_when_sampling_but_not_when_greedy(greedy):
+    """Priced by a load-time model, a greedy rate within 20% of plain's is no evidence that the heads lose."""
+    cost = linear_cost(0.1, heads_ms=0.5)  # a plain round 1.1 ms; an 8-node round with the heads 2.3 ms
+    plain = 1.0 / cost.round_time(1, False)
+    accepted = 0.9 * plain * cost.round_time(8, True, 2.0, not greedy)  # 10% slower than plain decoding
+    policy = DynamicTree(4, cost)
+    policy.probe = False  # every head, from the first round
+    for _ in range(TRIAL["greedy"] + 4):
+        assert policy.wants_heads(0, 10, greedy) == 4
+        policy.observe(greedy, [], [], nodes=8, accepted=accepted, heads_ran=1.0)
+        if not greedy:
+            break
+    assert (policy.wants_heads(0, 10, greedy) == 4) is greedy
+    # Far below plain (random heads), greedy heads rest too.
+    policy = DynamicTree(4, cost)
+    for _ in range(TRIAL["greedy"]):
+        policy.observe(True, [], [], nodes=8, accepted=1, heads_ran=1.0)
+    assert policy.wants_heads(0, 10, True) == 0
+
+
 def test_heads_rest_after_rounds_that_did_not_pay_and_come_back_through_a_probe():
     assert DynamicTree(4, linear_cost(0.1, heads_ms=2.0)).wants_heads(0, 10, greedy=True) == 4  # greedy opens with all
     policy = DynamicTree(4, linear_cost(0.1, heads_ms=2.0))
