@@ -120,10 +120,10 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
             None (default): on a CPU the fastest of the model's dtype, bfloat16 and float16, measured
             at load (`cost.fastest_projection_dtype`, ~0.2 s); elsewhere the model's dtype. A head only
             proposes tokens, so its precision changes speed and acceptance, never the output.
-        packed_rows: compute a round's two or more vocabulary rows through oneDNN with a prepacked
+        packed_rows: compute a speculative round's vocabulary rows through oneDNN with a prepacked
             lm_head (`specdec.packed`; an fp32 model on a CPU). None (default): where it measures at
-            least 10% faster at load (`cost.packed_rows_pay`, ~0.1 s). One row (plain decoding) always
-            uses the model's own lm_head.
+            least 10% faster at load (`cost.packed_rows_pay`, ~0.1 s). Plain decoding (speculative=False)
+            always uses the model's own lm_head, so its logits are HF's bit for bit.
     """
     if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 1:
         raise ValueError(f"`max_batch_size` must be an integer >= 1, got {max_batch_size!r}")

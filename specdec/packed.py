@@ -9,9 +9,10 @@ into its blocked layout, runs one to five rows in about the time of one (31-36 �
 rows took 265 µs against 443 µs.
 
 `specdec.load` measures whether this pays on the machine (`cost.packed_rows_pay`), and
-`TargetModel.logits` uses it for two or more rows only. A single row, all that plain decoding and
-HF's own `generate` compute, stays on the model's `lm_head`, so plain decoding keeps HF's exact
-logits. Several rows differ from the one-row product in the last bits, as ATen's own multi-row
+`TargetModel.logits` uses it for two or more rows, and for every row of a speculative request
+(`pack_one`: one copy of the weight in the cache, not two taking turns). Plain decoding's single row,
+all that HF's own `generate` computes too, stays on the model's `lm_head`, so plain decoding keeps
+HF's exact logits. The packed product differs from ATen's in the last bits, as ATen's own multi-row
 product already does; verification is exact for whatever logits the target computes.
 """
 from __future__ import annotations

@@ -10,15 +10,18 @@ using one static shape. specdec does the same from Medusa heads:
 2. calibrate: a_dr(q) = min(1, q * ratio[d, r][bin(q)]), where ratio tracks, with decay, what
    verification actually gave for nodes with that score: for greedy, whether the node was the
    target's argmax; for sampling, the target's filtered probability p(x) of the node's token,
-   which is exactly the chance that the lossless rule accepts it (Leviathan et al., q a point mass);
+   which is exactly the chance that the lossless rule accepts it (Leviathan et al., q a point mass).
+   Greedy rounds also learn every candidate they did not draft under the accepted path (its
+   outcome is known there), so a low-scored sibling's estimate is not stuck at its prior;
 3. grow: nodes are taken best-first (every factor is <= 1, so a child never beats its parent
    and each prefix of the order is the best tree of its size). Prompt-lookup chain nodes are
-   candidates in the same order, with their own calibrated per-position estimate;
+   candidates in the same order, with their own calibrated estimate per chain position and per
+   length of the n-gram the chain follows (a 3-gram's chain is far likelier than a 1-gram's);
 4. size: the round keeps the prefix with the most expected tokens per second under the measured
    `CostModel`, down to the root alone (a plain round) when nothing is worth drafting.
 
 When the rounds that ran the heads yield less per second than plain rounds (a slow running average,
-in greedy decoding first judged after a trial), the heads rest for 4, 16, 64 rounds (lookup chains can still be
+in greedy decoding first judged after a trial, and only below 0.8x plain there), the heads rest for 4, 16, 64 rounds (lookup chains can still be
 drafted meanwhile) and are then probed again, with their first head alone (a quarter of the cost);
 two probes in a row that pay bring them all back, on a fresh trial.
 
