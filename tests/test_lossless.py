@@ -414,19 +414,27 @@ def test_dynamic_tree_with_lookup_calibrated_by_match_length_is_lossless(model, 
     assert p > PASS_P
 
 
-@pytest.mark.slow
-def test_dynamic_tree_with_lookup_negative_control_always_accept(model, joint_after_first_lookup, monkeypatch):
-    """The same runs with the planted bug below (lookup drafts accepted without the test) must fail."""
+@pytest.fixture
+def lookup_always_accepted(monkeypatch):
+    """A planted bug: lookup drafts accepted without the test (as if p/q were ignored)."""
     real = verifier_mod.verify
 
     def accept_lookup(tokens, tree, logits_at, params, rule, uniforms, **kw):
         if not tree.lookup:
             return real(tokens, tree, logits_at, params, rule, uniforms, **kw)
+        # The chain hangs from the root ("first" mode, or a dynamic tree of lookup alone). Take all of it,
+        # then a bonus token from p.
         tok, _, _ = verifier_mod.draw(target_probs(logits_at(tree.lookup[-1]), params), uniforms[len(tree.lookup)])
         return verifier_mod.Verdict((0,) + tree.lookup, tok, "bonus", 0.0, {}, ())
 
     import specdec.engine as engine_mod
     monkeypatch.setattr(engine_mod, "verify", accept_lookup)
+
+
+@pytest.mark.slow
+def test_dynamic_tree_with_lookup_negative_control_always_accept(model, joint_after_first_lookup,
+                                                                 lookup_always_accepted):
+    """The same runs with the planted bug of `lookup_always_accepted` must fail."""
     counts, _ = dynamic_lookup_counts(model, N_CONTROL, seed0=21_000)
     p = chi2_pvalue(counts, joint_after_first_lookup)
     print(f"\n[engine, dynamic tree + lookup] always-accept control p = {p:.4g}")
@@ -434,19 +442,8 @@ def test_dynamic_tree_with_lookup_negative_control_always_accept(model, joint_af
 
 
 @pytest.mark.slow  # a long statistical run; test_engine_is_lossless[default] keeps one in the quick loop
-def test_engine_with_lookup_negative_control_always_accept(model, joint_after_first_lookup, monkeypatch):
-    """A planted bug: lookup drafts accepted without the test (as if p/q were ignored) must fail."""
-    real = verifier_mod.verify
-
-    def accept_lookup(tokens, tree, logits_at, params, rule, uniforms, **kw):
-        if not tree.lookup:
-            return real(tokens, tree, logits_at, params, rule, uniforms, **kw)
-        # "first" mode: the chain hangs from the root. Take all of it, then a bonus token from p.
-        tok, _, _ = verifier_mod.draw(target_probs(logits_at(tree.lookup[-1]), params), uniforms[len(tree.lookup)])
-        return verifier_mod.Verdict((0,) + tree.lookup, tok, "bonus", 0.0, {}, ())
-
-    import specdec.engine as engine_mod
-    monkeypatch.setattr(engine_mod, "verify", accept_lookup)
+def test_engine_with_lookup_negative_control_always_accept(model, joint_after_first_lookup, lookup_always_accepted):
+    """The planted bug of `lookup_always_accepted` must fail."""
     counts, _ = lookup_counts(model, "first", N_CONTROL, seed0=20_000)
     p = chi2_pvalue(counts, joint_after_first_lookup)
     print(f"\n[engine + lookup] always-accept control p = {p:.4g}")
