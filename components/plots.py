@@ -231,7 +231,9 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
     sub = [f"then a {kind} token · rule {rule}", "columns = depth (head = depth − 1) · bold = accepted path"]
     if looked_up:
         got_lookup = sum(1 for i in path if i in lookup_set)
-        sub = [f"{got_lookup} of {len(looked_up)} from prompt lookup (squares)"] + sub
+        match = event.extra.get("lookup_match")  # the longer the n-gram it follows, the likelier the chain
+        sub = [f"{got_lookup} of {len(looked_up)} from prompt lookup (squares)"
+               + (f", {match}-gram match" if match else "")] + sub
     # Short lines, one fact each: a phone is about 50 characters wide, and Plotly does not wrap titles.
     return _figure(data, dict(
         title=_title(f"Round {event.index}: accepted {got} of {drafts} drafts<br><sup>{'<br>'.join(sub)}</sup>", 14),

@@ -262,7 +262,7 @@ class Engine:
         if chain:
             tree, tokens = self._graft(tree, tokens, chain)
             q += [None] * (len(tokens) - len(q))
-        return Draft(tree, tokens, q, drafted=True, heads_ran=heads_ran)
+        return Draft(tree, tokens, q, drafted=True, heads_ran=heads_ran, match=match if chain else 0)
 
     def _draft_dynamic(self, run: "RunState", params: SamplingParams, chain: list[int], match: int, room: int
                        ) -> "Draft":
@@ -407,6 +407,8 @@ class Engine:
         extra = {"seed": run.seed} if index == 0 else {}
         if draft is not None and draft.heads_ran:
             extra["heads_ran"] = draft.heads_ran  # the share of the heads: 1, or 1/K for a probe
+        if draft is not None and draft.match:
+            extra["lookup_match"] = draft.match  # the n-gram the lookup chain followed: 1, 2, 3, ...
         return RoundEvent(index, nodes, tuple(path), emitted, params.to_dict(), run.plan.rule(params),
                           run.plan.request.speculative, clock.total(), run.produced, run.finished,
                           prompt_tokens=len(run.plan.ids), prefix_cache_hit=run.hit if index == 0 else 0,

@@ -1,6 +1,8 @@
 """components/plots.py: the draft-tree figure, the charts and the sampler view, from synthetic events."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -92,6 +94,10 @@ def test_tree_figure_draws_prompt_lookup_nodes_apart():
     # one short fact per line: a phone is about 50 characters wide and Plotly does not wrap titles
     lines = fig.layout.title.text.replace("<sup>", "").replace("</sup>", "").split("<br>")
     assert max(len(line) for line in lines) <= 60, lines
+    # the n-gram the chain followed, when the engine says
+    matched = plots.tree_figure(replace(ev, extra={"lookup_match": 3})).layout.title.text
+    assert "5 of 8 from prompt lookup (squares), 3-gram match<br>" in matched
+    assert max(len(line) for line in matched.replace("<sup>", "").replace("</sup>", "").split("<br>")) <= 60
     # deep trees: the axis reaches the chain's end and the correction after node 7, labels stay short
     assert fig.layout.xaxis.range[1] >= 8.5 and fig.layout.xaxis.dtick == 1
 
@@ -204,6 +210,7 @@ def test_real_lookup_rounds_are_drawn_as_prompt_lookup(handlers):
         others = [c[7] for t in fig.data if t.name in plots.STATUS_NAMES.values() for c in t.customdata]
         assert sorted(others + looked_up) == list(range(len(ev.nodes)))
         assert "from prompt lookup" in fig.layout.title.text
+        assert 1 <= ev.extra["lookup_match"] <= 3 and f"{ev.extra['lookup_match']}-gram match" in fig.layout.title.text
         xs, ys = plots.tree_layout(ev)
         top = max(n.depth for n in ev.nodes)
         assert top > 4 and fig.layout.xaxis.range[1] >= top + 0.5  # deeper than the heads' tree
