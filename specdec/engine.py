@@ -462,7 +462,6 @@ class Engine:
         return graft_chain(tree.paths[1:], attach, len(rest)), tokens + rest
 
 
-
 def _undrafted(draft: "Draft", verdict: Verdict, seen: set[tuple[int, int]]) -> list[tuple[int, int, float, float]]:
     """(depth, rank, score, outcome) of the greedy head candidates a round did not draft under its accepted path.
 

@@ -20,10 +20,10 @@ using one static shape. specdec does the same from Medusa heads:
 4. size: the round keeps the prefix with the most expected tokens per second under the measured
    `CostModel`, down to the root alone (a plain round) when nothing is worth drafting.
 
-When the rounds that ran the heads yield less per second than plain rounds (a slow running average,
-in greedy decoding first judged after a trial, and only below 0.8x plain there), the heads rest for 4, 16, 64 rounds (lookup chains can still be
-drafted meanwhile) and are then probed again, with their first head alone (a quarter of the cost);
-two probes in a row that pay bring them all back, on a fresh trial.
+When the rounds that ran the heads yield less per second than plain rounds (a slow running average;
+in greedy decoding first judged after a trial, and only below 0.8x plain there), the heads rest for 4,
+16, 64 rounds (lookup chains can still be drafted meanwhile) and are then probed again, with their first
+head alone (a quarter of the cost); two probes in a row that pay bring them all back, on a fresh trial.
 
 Every choice is a function of committed tokens, the round's params and the policy's state,
 which only earlier rounds' verdicts update, so a round's tree never depends on its own random
