@@ -1,6 +1,8 @@
 """specdec.cost: the measured round-cost model the dynamic tree sizes itself by."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import specdec
@@ -55,6 +57,20 @@ def test_a_rounds_cost_is_its_time_outside_the_draft_step():
     # sampled: the per-node draws of the 3 nodes after the root on the accepted path are round_time's own term
     assert cost_mod.round_cost(event(3, 8, 1.0, 6.0, True, 0.7, path=4), verify_s=1e-4).cost_s \
         == pytest.approx(5e-3 - 3e-4)
+
+
+def test_the_overheads_leave_out_the_rows_that_forward_already_times(llama, monkeypatch):
+    """forward(N) is timed with its rows: a round's overhead must not count them a second time."""
+    engine = specdec.load(llama, heads="random", device="cpu").engine
+    timings = {"draft": 0.1, "forward": 1.0, "rows": 0.5, "verify": 0.2, "cache": 0.1, "event": 0.1, "total": 2.0}
+    real = engine.stream
+
+    def fixed_timings(*a, **kw):  # the engine's rounds, each with the same stage timings
+        return [replace(ev, timings=dict(timings)) for ev in real(*a, **kw)]
+
+    monkeypatch.setattr(engine, "stream", fixed_timings)
+    assert cost_mod._overhead(engine, [1, 2, 3, 4]) == pytest.approx(0.5e-3)  # 2.0 - 1.0 - 0.5 ms
+    assert cost_mod._drafted_overhead(engine, [1, 2, 3] * 6, 0.3e-3) == pytest.approx(0.2e-3)
 
 
 def test_refresh_moves_toward_the_engines_own_round_costs():
