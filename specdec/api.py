@@ -19,6 +19,7 @@ from .lookup import DEFAULT_LOOKUP
 from .request import GenerationRequest
 from .sampler import SamplingParams
 from .scheduler import DEFAULT_MAX_BATCH_SIZE, RequestFailed, Scheduler
+from .threads import on_fresh_thread
 from .stats import summarize
 from .target import TargetModel
 
@@ -139,12 +140,21 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
             and heads_dtype not in _DTYPES:
         raise ValueError(f"`heads_dtype` must be None, a floating torch dtype or one of {sorted(_DTYPES)}, "
                          f"got {heads_dtype!r}")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    args = (model, heads, dev, dtype, tokenizer, prefix_cache, cost_cache, max_batch_size, cuda_graphs, heads_dtype,
+            packed_rows)
+    # On a CPU the loading (and the measuring at load) runs on a thread that then ends, so the caller's
+    # thread keeps no OpenMP pool to slow the scheduler's rounds (`specdec.threads`).
+    return on_fresh_thread(_load, *args) if dev.type == "cpu" else _load(*args)
+
+
+def _load(model, heads, dev: torch.device, dtype, tokenizer, prefix_cache, cost_cache, max_batch_size: int,
+          cuda_graphs: bool | None, heads_dtype, packed_rows: bool | None) -> Loaded:
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Loading weights" bars are noise in a CLI and an app log
 
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if model is None:
         if not (DEFAULT_MODEL / "config.json").is_file():
             raise ValueError(f"the embedded default model is missing from {DEFAULT_MODEL}; "
