@@ -292,24 +292,37 @@ def _measure(engine: "Engine", cache, ids: torch.Tensor, ctx: int, deadline: flo
 
 @torch.no_grad()  # not inference_mode: the copies swapped into the heads' parameters must be ordinary tensors
 def fastest_projection_dtype(target: "TargetModel", heads: "MedusaHeads", reps: int = 12,
-                             margin: float = 0.9, budget_s: float = 1.0) -> torch.dtype:
+                             margin: float = 0.9, budget_s: float = 1.0, rows: int = 1) -> torch.dtype:
     """The storage dtype (the heads' own, bfloat16 or float16) in which the heads' K vocabulary
     projections run fastest here, timed as a round runs them: right after a target forward has
     pulled its own weights through the caches. Another dtype must beat the heads' own by
     `1 - margin` to be chosen, so noise alone never switches.
 
+    With `rows` > 1 (the scheduler's largest batch) a candidate is timed on one hidden state and on
+    `rows` of them, as a batched round computes every member's heads in one call, and judged by the
+    sum: a dtype's products scale very differently with rows on a CPU (embedded model, 8 rows: float16
+    1.78 ms, float32 0.72, bfloat16 0.32, where one row costs 0.26-0.31 ms in each).
+
     Candidates are timed from converted copies, interleaved, for up to `reps` passes or `budget_s`
     seconds (at least two passes after the warm-up); the heads get their own tensors back untouched,
-    so a choice of their own dtype loses nothing. About 0.2 s for the embedded model.
+    so a choice of their own dtype loses nothing. About 0.2 s for the embedded model (0.3 s with rows).
     """
     own = heads.projection_dtype
     if heads.config.shared_lm_head:
         return own  # the target's lm_head: not ours to change
     ids = torch.arange(16, device=target.device) % target.vocab_size
-    hidden = target.forward(ids, kv_cache.new_cache(target.model))[-1]  # [H]
+    states = target.forward(ids, kv_cache.new_cache(target.model))  # [16, H]
+    hidden, K = states[-1], heads.config.num_heads  # [H]
+    batch = states[-rows:] if rows > 1 else None  # [rows, H] (fewer when rows > 16)
+    roots = [0] * len(batch) if batch is not None else None
 
     def a_round() -> None:  # a forward, its vocabulary rows and their argmax, as a greedy round does
         target.logits(target.forward(ids, kv_cache.new_cache(target.model))).argmax(-1).tolist()
+
+    def project() -> None:  # as `Engine.head_logits` and a batched round's shared call run the heads
+        heads.first(hidden, K, 0).float().argmax(-1).tolist()
+        if batch is not None:
+            (heads(batch, roots) if heads.config.root_token else heads(batch)).float().argmax(-1).tolist()
 
     saved = heads.projection_weights()
     times: dict[torch.dtype, list[float]] = {}
@@ -321,7 +334,7 @@ def fastest_projection_dtype(target: "TargetModel", heads: "MedusaHeads", reps: 
             for dtype, ws in weights.items():
                 heads.use_projection_weights(ws)
                 a_round()
-                t = _timed(lambda: heads.first(hidden, heads.config.num_heads, 0).float().argmax(-1).tolist())
+                t = _timed(project)
                 if rep:  # the first pass warms up
                     times.setdefault(dtype, []).append(t)
             if rep >= 2 and time.perf_counter() > deadline:

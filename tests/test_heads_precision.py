@@ -67,6 +67,11 @@ def test_the_measured_choice_is_a_candidate_and_leaves_the_heads_as_they_were(mo
     assert all(torch.equal(a, b) for a, b in zip(before, heads.projection_weights()))
     # A margin nothing can beat keeps the heads' own dtype, however the timings fall.
     assert fastest_projection_dtype(target, heads, reps=2, margin=0.0) == torch.float32
+    # Timed for a batched round's shared call too (one row and 4): the same guarantees.
+    assert fastest_projection_dtype(target, heads, reps=2, rows=4) in (torch.float32, torch.bfloat16, torch.float16)
+    assert heads.projection_dtype == torch.float32
+    assert all(torch.equal(a, b) for a, b in zip(before, heads.projection_weights()))
+    assert fastest_projection_dtype(target, heads, reps=2, margin=0.0, rows=4) == torch.float32
 
 
 def test_the_round_trip_control_is_caught(heads):
