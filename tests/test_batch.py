@@ -60,6 +60,22 @@ def test_forward_rows_equals_each_requests_own_forward(arch, models):
         torch.testing.assert_close(nxt[i, 0], fresh[-1], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_lone_row_runs_its_own_forwards_masks(arch, models):
+    """One request in the batch takes `forward`'s masks (`TargetModel._forward_row`): a tree, a chain and
+    one token each equal its own buffer's forward, in a row other than the first."""
+    model = models[arch]
+    target = TargetModel(model)
+    batch = kv_cache.BatchCache(model.config.num_hidden_layers, 4, 64, fixed_shapes=False)
+    for toks, tree in (([7, 8, 9, 10, 11, 12], (TREE.ancestor_mask, TREE.depth_t)), ([3, 4, 5], None), ([4], None)):
+        cache = solo_cache(model, target, PROMPTS[1])
+        batch.adopt(2, cache)
+        want = target.forward(torch.tensor(toks), cache, *(tree or (None, None)))
+        got = target.forward_rows(batch, 2, [toks], [tree])  # [1, T, H]
+        assert got.shape[:2] == (1, len(toks))
+        torch.testing.assert_close(got[0], want, atol=1e-5, rtol=0)
+
+
 def test_batch_cache_rows_move_grow_and_clear(llama):
     target = TargetModel(llama)
     batch = kv_cache.BatchCache(llama.config.num_hidden_layers, 3, 16, fixed_shapes=False)
@@ -83,7 +99,8 @@ def run_batch(loaded, requests, max_batch_size=4, **kw) -> list[list[int]]:
     with Scheduler(loaded.engine, max_batch_size=max_batch_size, **kw) as s:
         tickets = [s.submit(r) for r in requests]
         out = [[t.token_id for e in tk for t in e.emitted] for tk in tickets]
-        assert max(s.stats()["batch_sizes"]) > 1, "requests must have shared rounds"
+        sizes = s.stats()["batch_sizes"]
+        assert max(sizes) > 1 if max_batch_size > 1 else set(sizes) == {1}, "requests must have shared rounds"
     return out
 
 
@@ -128,9 +145,11 @@ def test_plain_and_speculative_requests_share_a_batch(models, hf_refs):
     assert out == [hf_refs["llama", i] for i in range(3)] * 2
 
 
+@pytest.mark.parametrize("size", [4, 1])
 @pytest.mark.parametrize("name", ["mistral", "qwen2", "gemma2"])
-def test_batched_sliding_window_models_stay_exact_past_the_window(name):
-    """The window goes into each row's mask ("uniform" Mistral, "mapping" Qwen2 and Gemma-2)."""
+def test_batched_sliding_window_models_stay_exact_past_the_window(name, size):
+    """The window goes into each row's mask ("uniform" Mistral, "mapping" Qwen2 and Gemma-2); a lone
+    row (size 1) takes `forward`'s masks, HF's own for a chain."""
     from test_target import LONG_PROMPT, WINDOW, hub_model
 
     model = hub_model(name)
@@ -138,7 +157,7 @@ def test_batched_sliding_window_models_stay_exact_past_the_window(name):
     n = 2 * WINDOW
     prompts = [LONG_PROMPT, LONG_PROMPT[3:], LONG_PROMPT[:5] + [9, 8]]
     requests = [GenerationRequest(p, n, tree="small", lookup=5, eos_token_id=None) for p in prompts]
-    assert run_batch(loaded, requests) == [hf_greedy(model, p, n) for p in prompts]
+    assert run_batch(loaded, requests, max_batch_size=size) == [hf_greedy(model, p, n) for p in prompts]
 
 
 def test_batched_window_negative_control():
