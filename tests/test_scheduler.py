@@ -78,6 +78,27 @@ def test_batch_size_one_is_one_at_a_time(loaded, refs):
         assert set(s.stats()["batch_sizes"]) == {1}
 
 
+def test_a_started_scheduler_is_closed_at_exit_until_closed_by_hand(loaded, monkeypatch):
+    """A running scheduler's thread is stopped before the interpreter ends (a daemon thread holding an
+    OpenMP pool at exit sometimes aborted `specdec generate`); closing it by hand drops the hook."""
+    import specdec.scheduler as scheduler_mod
+
+    hooks: list = []
+
+    class Recorder:
+        register, unregister = hooks.append, hooks.remove
+
+    monkeypatch.setattr(scheduler_mod, "atexit", Recorder)
+    sched = Scheduler(loaded.engine, max_batch_size=2)
+    assert hooks == []  # no thread yet, nothing to stop
+    assert len(sched.submit(requests(1)[0]).result()) > 0
+    assert len(hooks) == 1
+    hooks[0]()  # what the interpreter calls at exit: the thread stops, and the hook goes
+    assert not sched._thread.is_alive() and hooks == []
+    with pytest.raises(RuntimeError, match="closed"):
+        sched.submit(requests(1)[0])
+
+
 def test_requests_join_and_leave_mid_run(loaded, refs):
     """Late requests join while others decode; short ones leave and free their rows for the next."""
     late: list = []
