@@ -19,9 +19,10 @@ from .lookup import DEFAULT_LOOKUP
 from .request import GenerationRequest
 from .sampler import SamplingParams
 from .scheduler import DEFAULT_MAX_BATCH_SIZE, RequestFailed, Scheduler
-from .threads import on_fresh_thread
 from .stats import summarize
 from .target import TargetModel
+from .threads import on_fresh_thread
+
 
 def _assets_dir() -> Path:
     """The embedded model's folder: specdec/assets in an installed wheel, else assets/ of the checkout."""

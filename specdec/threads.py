@@ -31,7 +31,7 @@ def on_fresh_thread(fn: Callable[..., T], *args, **kwargs) -> T:
         except BaseException as e:  # noqa: BLE001 (re-raised in the caller)
             out["error"] = e
 
-    thread = threading.Thread(target=run, name="specdec-once")
+    thread = threading.Thread(target=run, name="specdec-once", daemon=True)  # Ctrl-C while it runs still exits
     thread.start()
     thread.join()
     if "error" in out:
