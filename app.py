@@ -174,6 +174,9 @@ def main(argv=None) -> None:
     metrics = Metrics()  # one registry per app; served at /metrics
     demo = build_demo(loaded, max_prompt_tokens=args.max_prompt_tokens, queue_size=args.queue_size, metrics=metrics,
                       fault_hook=chaos(args.chaos) if args.chaos else None)
+    # The dynamic tree's cost model is measured on first use (about a second on a CPU): measure it now, on
+    # the scheduler's thread, while the server starts, not in the first visitor's first request.
+    loaded.scheduler.call_soon(loaded.engine.cost_model)
     demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs(metrics))
 
 

@@ -199,6 +199,10 @@ class Scheduler:
 
     def call(self, fn: Callable, *args, **kwargs):
         """Run `fn` on the scheduler thread between two rounds (a forward outside any request) and return its result."""
+        return self.call_soon(fn, *args, **kwargs).result()
+
+    def call_soon(self, fn: Callable, *args, **kwargs) -> Future:
+        """`call` without waiting: `fn` runs on the scheduler thread between two rounds; its Future."""
         fut: Future = Future()
         with self._cond:
             if self._closed:
@@ -206,7 +210,7 @@ class Scheduler:
             self._calls.append((lambda: fn(*args, **kwargs), fut))
             self._start()
             self._cond.notify()
-        return fut.result()
+        return fut
 
     def stats(self) -> dict:
         """Plain values: requests waiting, prefilling and decoding, failures by cause, rounds per batch size."""

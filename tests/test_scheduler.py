@@ -99,6 +99,18 @@ def test_a_started_scheduler_is_closed_at_exit_until_closed_by_hand(loaded, monk
         sched.submit(requests(1)[0])
 
 
+def test_call_soon_runs_on_the_scheduler_thread_and_returns_a_future(loaded):
+    with Scheduler(loaded.engine, max_batch_size=2) as sched:
+        fut = sched.call_soon(lambda x: (x, threading.current_thread().name), 3)
+        assert fut.result(timeout=30) == (3, "specdec-scheduler")
+
+        def fails():
+            raise ValueError("`x` is out of range")
+
+        with pytest.raises(ValueError, match="out of range"):
+            sched.call_soon(fails).result(timeout=30)
+
+
 def test_requests_join_and_leave_mid_run(loaded, refs):
     """Late requests join while others decode; short ones leave and free their rows for the next."""
     late: list = []
