@@ -21,7 +21,7 @@ from .sampler import SamplingParams
 from .scheduler import DEFAULT_MAX_BATCH_SIZE, RequestFailed, Scheduler
 from .stats import summarize
 from .target import TargetModel
-from .threads import on_fresh_thread
+from .threads import off_the_callers_thread
 
 
 def _assets_dir() -> Path:
@@ -145,9 +145,9 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     args = (model, heads, dev, dtype, tokenizer, prefix_cache, cost_cache, max_batch_size, cuda_graphs, heads_dtype,
             packed_rows)
-    # On a CPU the loading (and the measuring at load) runs on a thread that then ends, so the caller's
-    # thread keeps no OpenMP pool to slow the scheduler's rounds (`specdec.threads`).
-    return on_fresh_thread(_load, *args) if dev.type == "cpu" else _load(*args)
+    # The loading (and the measuring at load) leaves the caller's thread no OpenMP pool to slow the
+    # scheduler's rounds (`specdec.threads`).
+    return off_the_callers_thread(dev, _load, *args)
 
 
 def _load(model, heads, dev: torch.device, dtype, tokenizer, prefix_cache, cost_cache, max_batch_size: int,

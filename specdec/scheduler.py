@@ -33,7 +33,7 @@ from .batch import CAUSES, Batch, FaultHook, Failure, Member, _message, cause_of
 from .engine import Engine
 from .events import RoundEvent
 from .request import GenerationRequest
-from .threads import on_fresh_thread
+from .threads import off_the_callers_thread
 
 log = logging.getLogger(__name__)
 _END = object()
@@ -150,8 +150,8 @@ class Scheduler:
         self.metrics = metrics
         target = engine.target
         batched, why = target.slots, "the model uses HF's DynamicCache"
-        if batched:  # a probe of a few forwards: on a thread that ends, not the caller's (`specdec.threads`)
-            batched, why = on_fresh_thread(target.rows_work) if target.device.type == "cpu" else target.rows_work()
+        if batched:  # a probe of a few forwards: not on the caller's thread (`specdec.threads`)
+            batched, why = off_the_callers_thread(target.device, target.rows_work)
         if not batched:
             log.warning("batched rounds are off for %s (%s): requests share rounds but not forwards",
                         type(target.model).__name__, why)

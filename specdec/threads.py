@@ -37,3 +37,12 @@ def on_fresh_thread(fn: Callable[..., T], *args, **kwargs) -> T:
     if "error" in out:
         raise out["error"]
     return out["value"]
+
+
+def off_the_callers_thread(device, fn: Callable[..., T], *args, **kwargs) -> T:
+    """fn(*args, **kwargs) where its torch work leaves the caller's thread without an OpenMP pool: on a
+    fresh thread for a CPU `device`. Elsewhere on the caller's thread, which keeps its own CUDA state
+    (current device, streams)."""
+    if device.type == "cpu":
+        return on_fresh_thread(fn, *args, **kwargs)
+    return fn(*args, **kwargs)

@@ -14,8 +14,9 @@ import sys
 import threading
 
 import pytest
+import torch
 
-from specdec.threads import on_fresh_thread
+from specdec.threads import off_the_callers_thread, on_fresh_thread
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = r"""
@@ -64,3 +65,10 @@ def test_on_fresh_thread_returns_and_raises_from_another_thread():
 
     with pytest.raises(ValueError, match="`x` must be positive"):
         on_fresh_thread(fails)
+
+
+def test_only_cpu_work_leaves_the_callers_thread():
+    """A CUDA (here: meta) device keeps the caller's thread and its per-thread CUDA state."""
+    caller = threading.get_ident()
+    assert off_the_callers_thread(torch.device("cpu"), threading.get_ident) != caller
+    assert off_the_callers_thread(torch.device("meta"), threading.get_ident) == caller
