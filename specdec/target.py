@@ -220,17 +220,8 @@ class TargetModel:
                 return hidden
         past = kv_cache.length(cache)
         T = input_ids.shape[0]
-        kwargs = {}
-        if tree_mask is None and not kv_cache.hides_slots(cache):
-            # HF builds the causal (and window) masks; for one token over only the slots in use, sdpa
-            # then needs none at all (what HF's own decoding step does), which a 4D mask would cost.
-            pos = torch.arange(past, past + T, device=self.device)
-        else:
-            if tree_mask is None:  # a causal run is the chain tree
-                tree_mask = torch.ones(T, T, dtype=torch.bool).tril_()
-                depth = torch.arange(T)
-            kwargs["attention_mask"] = self._mask(tree_mask, depth, past, kv_cache.mask_width(cache, T))
-            pos = depth.to(self.device) + past
+        hides = kv_cache.hides_slots(cache)
+        pos, kwargs = self._inputs(T, past, kv_cache.mask_width(cache, T), tree_mask, depth, hides)
         out = self.base(input_ids=input_ids.to(self.device)[None], position_ids=pos[None],
                         past_key_values=cache, use_cache=True, **kwargs)
         kv_cache.advance(cache, T)
@@ -299,16 +290,26 @@ class TargetModel:
         """
         T = len(tokens)
         width = cache.begin(row, 1, T)
-        past = cache.starts[0]
-        kwargs = {}
-        if tree is None:  # over the slots in use, slot s holds position s: HF's own masks are exact
-            pos = torch.arange(past, past + T, device=self.device)
-        else:
-            kwargs["attention_mask"] = self._mask(tree[0], tree[1], past, width)
-            pos = tree[1].to(self.device) + past
+        pos, kwargs = self._inputs(T, cache.starts[0], width, *(tree or (None, None)), hides_slots=False)
         out = self.base(input_ids=torch.tensor([tokens], device=self.device), position_ids=pos[None],
                         past_key_values=cache, use_cache=True, **kwargs)
         return out.last_hidden_state  # [1, T, H]
+
+    def _inputs(self, T: int, past: int, width: int, tree_mask: torch.Tensor | None, depth: torch.Tensor | None,
+                hides_slots: bool) -> tuple[torch.Tensor, dict]:
+        """Positions [T] and the mask argument of T new tokens after `past` committed ones, one request.
+
+        A causal run over only the slots in use (slot s holds position s) leaves the masks to HF: the causal
+        (and window) masks, and for one token none at all (what HF's own decoding step does), which a 4D
+        mask would cost. A tree, or a buffer whose unused slots must be hidden, gets the 4D mask over
+        `width` key slots (a causal run as the chain tree).
+        """
+        if tree_mask is None and not hides_slots:
+            return torch.arange(past, past + T, device=self.device), {}
+        if tree_mask is None:  # a causal run is the chain tree
+            tree_mask = torch.ones(T, T, dtype=torch.bool).tril_()
+            depth = torch.arange(T)
+        return depth.to(self.device) + past, {"attention_mask": self._mask(tree_mask, depth, past, width)}
 
     def _mask(self, tree_mask: torch.Tensor, depth: torch.Tensor, past: int, width: int):
         """The additive 4D mask of T new tokens over `width` key slots (a dict per layer type when mixed).
