@@ -255,12 +255,14 @@ class BatchCache(Cache):
         """Copy a request's own committed KV (a SlotCache after its prefill) into `row`."""
         n = length(cache)
         assert n <= self.capacity, f"{n} committed slots do not fit a capacity of {self.capacity}"
+        self.lengths[row] = n
+        if n == 0:  # nothing committed yet (its buffer may not even be allocated): the row's slots are hidden
+            return
         for mine, theirs in zip(self.layers, _layers(cache)):
             if not mine.is_initialized:
                 mine.lazy_initialization(theirs.keys, theirs.values)
             mine.keys[row, :, :n] = theirs.keys[0, :, :n]
             mine.values[row, :, :n] = theirs.values[0, :, :n]
-        self.lengths[row] = n
 
     @torch.inference_mode()
     def move(self, src: int, dst: int) -> None:
@@ -375,7 +377,11 @@ def keep_path(cache: Cache, prefix_len: int, nodes: list[int]) -> None:
 
 @torch.inference_mode()
 def snapshot(cache: Cache, upto: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Copies of the first `upto` entries of every layer (for the prefix cache)."""
+    """Copies of the first `upto` entries of every layer (for the prefix cache), each [1, kv_heads, upto, D]."""
+    if isinstance(cache, RowCache):  # its row of the batch's buffer
+        r = cache.row
+        return [(l.keys[r : r + 1, :, :upto].clone(), l.values[r : r + 1, :, :upto].clone())
+                for l in _layers(cache.batch)]
     return [(l.keys[..., :upto, :].clone(), l.values[..., :upto, :].clone()) for l in _layers(cache)]
 
 

@@ -267,11 +267,32 @@ class Scheduler:
                     fut.set_result(fn())
                 except Exception as e:  # noqa: BLE001 (the caller gets it)
                     fut.set_exception(e)
-            self._drop_cancelled()
-            self._prefill()
-            if len(self._batch):
-                self._round()
+            try:
+                self._drop_cancelled()
+                self._prefill()
+                if len(self._batch):
+                    self._round()
+            except Exception as e:  # noqa: BLE001 (a bug of ours, outside any one request's steps)
+                self._recover(e)
         self._shutdown()
+
+    def _recover(self, e: Exception) -> None:
+        """The last resort: an error outside every request's own steps ends the requests in flight with
+        it (their clients get an error, not a stream that never ends) and the thread serves on from an
+        empty batch. Without it the thread died and every client, present and future, waited forever."""
+        log.exception("scheduler error: ending the requests in flight")
+        failure = Failure("error", "scheduler", 0, _message(e))
+        for t, m in self._prefilling:
+            try:
+                self._release(m, failed=True)  # a pooled buffer goes back
+            except Exception:  # noqa: BLE001 (already recovering)
+                log.exception("could not release request %d's buffer", t.rid)
+        tickets = [t for t, _ in self._prefilling] + [self._tickets.get(m.rid) for m in self._batch.members]
+        for t in dict.fromkeys(t for t in tickets if t is not None):
+            self._fail(t, failure)
+        self._prefilling.clear()
+        self._tickets.clear()
+        self._batch = Batch(self.engine, self.max_batch_size, self.batched, self._batch.fault_hook)
 
     def _drop_cancelled(self) -> None:
         for m in [m for m in self._batch.members if self._tickets[m.rid].cancelled]:
@@ -284,8 +305,9 @@ class Scheduler:
             t._end()
 
     def _prefill(self) -> None:
-        """Up to `prefill_chunk` prompt tokens of the joining requests; those whose prompt is in run round 0."""
-        budget = self.prefill_chunk
+        """Up to `prefill_chunk` prompt tokens of the joining requests, oldest first; those whose prompt
+        is then in run round 0 together (one forward for all: `Batch.first_rounds`)."""
+        budget, ready = self.prefill_chunk, []
         for entry in list(self._prefilling):
             t, m = entry
             try:
@@ -301,13 +323,16 @@ class Scheduler:
                 self._fail(t, Failure(cause_of("prefill", e), "prefill", 0, _message(e)))
                 continue
             if fed:
-                return  # the budget is spent: the batch's round comes next
+                break  # the budget is spent: the batch's round comes next
+            ready.append(entry)
             budget -= len(t.plan.ids) - kv_cache.length(m.run.cache)  # round 0 feeds the rest
-            self._prefilling.remove(entry)
-            ev, failure = self._batch.first_round(m)
-            self._after(t, m, ev, failure, joined=False)
             if budget <= 0:
-                return
+                break
+        if not ready:
+            return
+        for (t, m), (ev, failure) in zip(ready, self._batch.first_rounds([m for _, m in ready])):
+            self._prefilling.remove((t, m))
+            self._after(t, m, ev, failure, joined=False)  # in order: a staged row only ever moves down
 
     def _round(self) -> None:
         size = len(self._batch)
@@ -344,9 +369,9 @@ class Scheduler:
             self._batch.add(m)
 
     def _release(self, m: Member | None, failed: bool = False) -> None:
-        """A request that never joined the batch is done with its own KV buffer (a pooled one goes back)."""
+        """A request that never joined the batch is done with its KV (its own buffer, or a staged row)."""
         if m is not None:
-            self.engine.target.release(m.run.cache, failed)
+            self._batch.release(m, failed)
 
     def _fail(self, t: Ticket, failure: Failure) -> None:
         self.failures[failure.cause] += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -324,3 +325,13 @@ def chat_loaded(handlers):
     tok.chat_template = ("{% for m in messages %}<|user|> {{ m['content'] }}\n{% endfor %}"
                          "{% if add_generation_prompt %}<|assistant|> {% endif %}")
     return specdec.load(handlers.loaded.model, heads=None, tokenizer=tok, device="cpu")
+
+
+def submit_together(s, requests, **kw) -> list:
+    """Submit while the scheduler thread waits in a call, so that all of them join in one iteration."""
+    started, go = threading.Event(), threading.Event()
+    s.call_soon(lambda: started.set() or go.wait(30))
+    assert started.wait(30)
+    tickets = [s.submit(r, **kw) for r in requests]
+    go.set()
+    return tickets

@@ -7,11 +7,13 @@ and without prompt lookup, and on sliding-window models past their window.
 """
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 import specdec
-from conftest import ARCHS, PROMPTS, hf_greedy, make_model, oracle_loaded
+from conftest import ARCHS, PROMPTS, hf_greedy, make_model, oracle_loaded, submit_together
 from specdec import kv_cache
 from specdec.draft_tree import build_tree
 from specdec.request import GenerationRequest
@@ -21,6 +23,7 @@ from test_tree_policy import MODERATE
 
 N = 24
 TREE = build_tree(((0,), (1,), (0, 0), (1, 0), (0, 0, 0)))
+LONG = [(7 * i) % 50 + 3 for i in range(30)]  # a 30-token prompt
 
 
 def solo_cache(model, target, prompt):
@@ -193,3 +196,88 @@ def test_prompt_longer_than_a_prefill_chunk_is_fed_in_chunks(models):
     requests = [GenerationRequest(p, 12, lookup=6, eos_token_id=None) for p in (long, PROMPTS[0], long[5:])]
     out = run_batch(loaded, requests, prefill_chunk=8)
     assert out == [hf_greedy(model, list(r.prompt_ids), 12) for r in requests]
+
+
+def round0_spy(target) -> list[list[int]]:
+    """Wrap `forward_rows`: record the prompt lengths of every forward that ran round 0 for 2+ requests."""
+    seen, real = [], target.forward_rows
+
+    def forward_rows(cache, lo, tokens, trees):
+        if len(tokens) > 1 and all(t is None for t in trees) and max(map(len, tokens)) > 1:
+            seen.append([len(t) for t in tokens])
+        return real(cache, lo, tokens, trees)
+
+    target.forward_rows = forward_rows
+    return seen
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_joining_requests_share_round_0s_forward_and_stay_exact(arch, models):
+    """Requests that join together run round 0 as one forward, each prompt (its rest) a causal chain in
+    a row after the members'. A wave that joins while others decode covers the cases: prompt-cache
+    hits (a row seeded with a prefix), a prompt fed in chunks first, and a request that ends at round 0
+    between two that go on (the rows after it move down). Every output equals HF `generate`'s."""
+    from specdec.prefix_cache import PrefixCache
+
+    model = models[arch]
+    loaded = specdec.load(model, heads="random", device="cpu", prefix_cache=PrefixCache(min_tokens=4))
+    loaded.engine.set_cost_model(MODERATE)
+    first = [GenerationRequest(p, N, lookup=6, eos_token_id=None) for p in PROMPTS]
+    second = [GenerationRequest(LONG, 12, lookup=6, eos_token_id=None),  # 24 tokens fed first, 6 in round 0
+              GenerationRequest(PROMPTS[0] + [9, 10], 12, lookup=6, eos_token_id=None),  # 3 tokens: too short to keep
+              GenerationRequest(PROMPTS[1] + [11], 1, eos_token_id=None),  # a hit of 10, done at round 0
+              GenerationRequest(PROMPTS[2][:-1] + [5, 6, 7], 12, lookup=0, eos_token_id=None)]  # a hit of 7
+    decoding = threading.Event()
+    with Scheduler(loaded.engine, max_batch_size=8, prefill_chunk=24) as s:
+        seen = round0_spy(loaded.engine.target)  # after the scheduler's probe of the batched path
+        tickets = submit_together(s, first, on_round=lambda ev: ev.index == 2 and decoding.set())
+        assert decoding.wait(60)  # the second wave joins while the first decodes
+        tickets += submit_together(s, second)
+        out = [[t.token_id for e in tk.result(timeout=120) for t in e.emitted] for tk in tickets]
+    assert out == [hf_greedy(model, list(r.prompt_ids), r.max_new_tokens) for r in first + second]
+    assert seen[0] == [len(p) for p in PROMPTS]  # the first wave: whole prompts
+    # the second wave: the rest of the chunked prompt, and what the prefix cache did not hold
+    assert seen[1:] == [[len(LONG) - 24, len(PROMPTS[0]) + 2, 1, 3]]
+
+
+def test_a_nan_row_in_round_0s_shared_forward_ends_that_request_alone(models):
+    """Real NaNs in one row of the joining requests' shared forward: that request fails before its first
+    token; the others decode exactly, and so does a later request that takes its cleaned row."""
+    from specdec.scheduler import RequestFailed
+
+    model = models["llama"]
+    loaded = specdec.load(model, heads="random", device="cpu")
+    loaded.engine.set_cost_model(MODERATE)
+    state = {"armed": False}
+
+    def poison(module, args, output):  # the first forward of 2+ rows: row 1's embeddings become NaN
+        if state["armed"] and output.shape[0] > 1:
+            state["armed"] = False
+            output = output.clone()
+            output[1] = float("nan")
+            return output
+        return None
+
+    # Two long prompts, so that the next round's keys reach far into row 1 after a short request moves there
+    # from row 2: only the row's cleaning keeps the poisoned request's stale NaN slots out of it.
+    prompts = [LONG, LONG[::-1], PROMPTS[2], *PROMPTS]
+    requests = [GenerationRequest(p, N, lookup=6, eos_token_id=None) for p in prompts]
+    handle = model.get_input_embeddings().register_forward_hook(poison)
+    try:
+        with Scheduler(loaded.engine, max_batch_size=3) as s:
+            seen = round0_spy(loaded.engine.target)  # armed after the scheduler's probe of the batched path
+            state["armed"] = True
+            tickets = submit_together(s, requests)
+            out = []
+            for t in tickets:
+                try:
+                    out.append([tok.token_id for e in t for tok in e.emitted])
+                except RequestFailed as e:
+                    out.append(e)
+            stats = s.stats()
+    finally:
+        handle.remove()
+    assert seen[0] == [len(p) for p in prompts[:3]]  # round 0 of the first three was the poisoned forward
+    assert isinstance(out[1], RequestFailed) and out[1].failure.cause == "non_finite" and not tickets[1].events
+    assert [o for i, o in enumerate(out) if i != 1] == [hf_greedy(model, p, N) for i, p in enumerate(prompts) if i != 1]
+    assert stats["failures"]["non_finite"] == 1

@@ -17,7 +17,7 @@ import torch
 
 import specdec
 import specdec.engine as engine_mod
-from conftest import PROMPTS, hf_greedy, make_model, naive_logits, reference_probs
+from conftest import PROMPTS, hf_greedy, make_model, naive_logits, reference_probs, submit_together
 from specdec.request import GenerationRequest
 from specdec.sampler import SamplingParams
 from specdec.scheduler import RequestFailed, Scheduler
@@ -301,6 +301,33 @@ def test_call_runs_between_rounds(loaded):
     with Scheduler(loaded.engine) as s:
         logits = s.call(loaded.engine.next_logits, PROMPTS[0])
     torch.testing.assert_close(logits, loaded.engine.next_logits(PROMPTS[0]))
+
+
+def test_an_error_outside_every_requests_steps_fails_those_in_flight_and_the_thread_serves_on(loaded, refs, caplog):
+    """A bug of ours in the loop itself (here: the batched round raises once) must not kill the thread:
+    the requests in flight end with an error naming the scheduler, and the next requests are exact."""
+    from specdec.batch import Batch
+
+    real, state = Batch.round, {"raise": True}
+
+    def round_once_broken(self):
+        if state["raise"]:
+            state["raise"] = False
+            raise RuntimeError("a planted scheduler bug")
+        return real(self)
+
+    with Scheduler(loaded.engine, max_batch_size=4) as s:
+        with caplog.at_level("ERROR"):
+            Batch.round = round_once_broken
+            try:
+                first = outcomes_of(submit_together(s, requests()[:3]))
+            finally:
+                Batch.round = real
+        after = outcomes_of([s.submit(r) for r in requests()[:3]])
+        stats = s.stats()
+    assert all(isinstance(o, RequestFailed) and o.failure.step == "scheduler" for o in first), first
+    assert "a planted scheduler bug" in str(first[0]) and "scheduler error" in caplog.text
+    assert after == refs and stats["failures"]["error"] == 3
 
 
 # -- each request of a mixed batch follows its own law -----------------------------------------
