@@ -325,6 +325,31 @@ def test_batched_rounds_through_graphs_equal_hf_generate(arch, models):
     assert any(x.startswith("4 rows") for x in info["batched"]) and any(x.startswith("2 rows") for x in info["batched"])
 
 
+def test_round_0_shared_by_joining_requests_replays_a_graph_and_stays_exact(llama):
+    """A wave that joins an empty batch (its buffer already allocated by an earlier wave) runs round 0 as
+    one forward from row 0: it replays a captured graph of chains, and every output equals HF's."""
+    from conftest import submit_together
+
+    loaded = graphed(llama, max_batch_size=4)
+    graphs = loaded.engine.target.graphs
+    replayed, real = [], graphs.forward_rows
+
+    def forward_rows(cache, lo, toks, trees):
+        out = real(cache, lo, toks, trees)
+        if len(toks) > 1 and all(t is None for t in trees) and max(map(len, toks)) > 1:
+            replayed.append((lo, [len(t) for t in toks], out is not None))
+        return out
+
+    graphs.forward_rows = forward_rows
+    first = [GenerationRequest(p, 6, eos_token_id=None) for p in PROMPTS[:2]]
+    second = [GenerationRequest(p + [7, 7], 10, tree="default", eos_token_id=None) for p in PROMPTS]
+    with loaded.scheduler as s:
+        got = [tokens(t) for t in submit_together(s, first)]  # allocates the batch's buffer, then leaves
+        got += [tokens(t) for t in submit_together(s, second)]
+    assert got == [hf_greedy(llama, list(r.prompt_ids), r.max_new_tokens) for r in first + second]
+    assert replayed[-1] == (0, [len(p) + 2 for p in PROMPTS], True), replayed
+
+
 def _graphed_load(monkeypatch):
     """Make every specdec.load in the test run its forwards through (recorded) graphs."""
     real = specdec.load
