@@ -165,8 +165,11 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    loaded = specdec.load(args.model, heads=args.heads, device=args.device, dtype=args.dtype,
-                          prefix_cache=prefix_cache(args), max_batch_size=args.max_batch_size)
+    try:
+        loaded = specdec.load(args.model, heads=args.heads, device=args.device, dtype=args.dtype,
+                              prefix_cache=prefix_cache(args), max_batch_size=args.max_batch_size)
+    except ValueError as e:  # a model or heads specdec refuses, with the reason: a message, not a traceback
+        raise SystemExit(f"error: {e}") from None
     if loaded.device.type == "cuda":
         # cuDNN attention builds a plan for every new (query, cache) length: measured on an H200,
         # it made a user's first 128-token run 10.3 s instead of 4.0 s. The other SDPA kernels don't.

@@ -61,6 +61,11 @@ class TargetModel:
         # specdec's position-addressed buffer where the model's attention honours it; HF's growing cache else.
         self.graphs = None  # specdec.graphs.Graphs once `use_graphs` is called: captured forwards
         self.slots = self._slots_work()
+        ok, why = self._trees_work()
+        if not ok:
+            raise ValueError(f"{type(model).__name__} cannot verify a draft tree exactly: a tree forward ({why}). "
+                             "specdec passes each tree as a 4D attention mask with explicit positions; models that "
+                             "build their positions from a 2D mask instead (ALiBi: BLOOM, MPT, Falcon-RW) cannot take it")
         self.packed_rows = None  # specdec.packed.PackedProjection once `use_packed_rows` is called
 
     def use_packed_rows(self, on: bool = True) -> bool:
@@ -158,6 +163,26 @@ class TargetModel:
             log.warning("%s cannot use specdec's position-addressed KV buffer (%s); using HF's DynamicCache",
                         type(self.model).__name__, why)
         return ok
+
+    @torch.inference_mode()
+    def _trees_work(self) -> tuple[bool, str]:
+        """Does a tree forward (4D mask, positions = past + depth) give each node the hidden state of a
+        cache-free forward of its own path? Two tokens, then a root with two children; -> (ok, why not).
+        Models whose attention cannot take it (ALiBi, built from a 2D mask) raise or disagree here, at load,
+        not in a visitor's first request."""
+        ids = ((torch.arange(4) * 11 + 5) % self.vocab_size).tolist()
+        tree = torch.tensor([[True, False, False], [True, True, False], [True, False, True]])
+        try:
+            cache = kv_cache.new_cache(self.model, capacity=8 if self.slots else None)
+            self.forward(torch.tensor(ids[:2]), cache)
+            got = self.forward(torch.tensor([ids[2], ids[3], ids[1]]), cache, tree, torch.tensor([0, 1, 1]))
+            paths = [ids[:3], ids[:4], ids[:3] + ids[1:2]]
+            want = [self.base(input_ids=torch.tensor([p], device=self.device), use_cache=False).last_hidden_state[0, -1]
+                    for p in paths]
+            ok = all(self._agrees(got[i], want[i], torch.tensor(paths[i][-1:])) for i in range(3))
+        except (RuntimeError, ValueError, TypeError, AttributeError, IndexError, AssertionError, KeyError) as e:
+            return False, f"{type(e).__name__}: {e}"
+        return ok, "" if ok else "its nodes' hidden states differ from cache-free forwards of their paths"
 
     def _agrees(self, got: torch.Tensor, want: torch.Tensor, token: torch.Tensor) -> bool:
         """Is a probe's hidden state [H] the reference's, up to this dtype's rounding?

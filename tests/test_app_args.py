@@ -45,3 +45,19 @@ def test_main_measures_the_cost_model_while_the_server_starts(monkeypatch):
     loaded.scheduler.call(lambda: None)  # calls run in order: the warm-up has finished
     assert loaded.engine._cost is not None
     loaded.scheduler.close()
+
+
+def test_main_names_why_a_model_is_refused(monkeypatch, tmp_path):
+    """A model specdec cannot run exactly (here BLOOM: ALiBi cannot take a tree mask) stops the app at
+    start-up with the reason as one line, not a traceback."""
+    import app
+    from test_target import alibi_model
+
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    alibi_model("bloom").save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(Path(app.__file__).parent / "assets" / "model").save_pretrained(tmp_path)
+    with pytest.raises(SystemExit, match=r"^error: BloomForCausalLM cannot verify a draft tree exactly"):
+        app.main(["--model", str(tmp_path), "--heads", "random", "--port", "0"])

@@ -211,6 +211,43 @@ def test_recurrent_layers_are_refused_at_load():
         specdec.load(model, heads=None)
 
 
+def alibi_model(name: str):
+    """ALiBi models: their attention biases come from a 2D mask's cumulative sum, not from position ids."""
+    small = {k: v for k, v in _SMALL.items() if k not in ("intermediate_size", "num_key_value_heads")}
+    if name == "bloom":
+        cfg = hf.BloomConfig(**{**small, "n_layer": 2, "n_head": 4})
+        cls = hf.BloomForCausalLM
+    elif name == "falcon-rw":
+        cfg = hf.FalconConfig(**{**small, "alibi": True, "new_decoder_architecture": False, "multi_query": False})
+        cls = hf.FalconForCausalLM
+    else:
+        cfg = hf.MptConfig(d_model=32, n_heads=4, n_layers=2, expansion_ratio=2, max_seq_len=128, vocab_size=128)
+        cls = hf.MptForCausalLM
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return cls(cfg).float().eval()
+
+
+@pytest.mark.parametrize("name", ["bloom", "falcon-rw", "mpt"])
+def test_models_that_cannot_take_a_tree_mask_are_refused_at_load(name):
+    """BLOOM and Falcon-RW raise on a 4D mask; MPT takes it and silently computes something else (its
+    nodes' hidden states differ from their paths'). Both are refused by `specdec.load`, with the reason,
+    not in a visitor's first request."""
+    with pytest.raises(ValueError, match=r"cannot verify a draft tree exactly.*ALiBi"):
+        specdec.load(alibi_model(name), heads="random")
+
+
+def test_the_tree_probe_catches_a_mask_that_shows_every_node_to_every_node(monkeypatch):
+    """Negative control: a planted bug in the tree mask (siblings see each other) must fail the load probe."""
+    from specdec.target import TargetModel
+
+    real = TargetModel._mask
+    monkeypatch.setattr(TargetModel, "_mask", lambda self, tree, depth, past, width: real(
+        self, torch.ones_like(tree).tril_(), depth, past, width))
+    with pytest.raises(ValueError, match="differ from cache-free forwards"):
+        specdec.load(make_model("llama"), heads="random")
+
+
 def test_attention_that_ignores_the_tree_mask_is_switched_to_sdpa(caplog):
     flex = make_model("llama", attn="flex_attention")
     assert flex.config._attn_implementation == "flex_attention"
