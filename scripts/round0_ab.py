@@ -38,7 +38,7 @@ def main() -> None:
                                           "auto", True, "lossless", lookup=DEFAULT_LOOKUP)
                 for prompt, seed in loadtest.workload(args)]
     shared = Batch.first_rounds
-    ways = {"shared": shared, "one each": lambda self, ms: [self._first_round(m) for m in ms]}
+    ways = {"shared": shared, "one each": lambda self, ms: [(m, self._first_round(m)) for m in ms]}
     rates: dict[str, list[float]] = {k: [] for k in ways}
     outputs: dict[str, list] = {}
     try:

@@ -113,8 +113,9 @@ class Batch:
                 self._stage(m, row)
         self.members.append(m)
 
-    def _stage(self, m: Member, row: int) -> None:
-        """Move a joining request's committed KV (none, a prefix-cache hit or prefill chunks) into `row`."""
+    def _stage(self, m: Member, row: int, release: bool = True) -> None:
+        """Move a joining request's committed KV (none, a prefix-cache hit or prefill chunks) into `row`;
+        its own buffer goes back now, or (`release=False`) is the caller's to give back."""
         solo = m.run.cache
         need = kv_cache.bucket(solo.capacity)
         if self.cache is None:
@@ -123,8 +124,9 @@ class Batch:
                                              self.max_size, need, fixed_shapes=target.device.type == "cuda")
         self.cache.grow(need)
         self.cache.adopt(row, solo)
-        self.engine.target.release(solo)  # a pooled buffer goes back now that the row holds its KV
         m.run.cache = kv_cache.RowCache(self.cache, row)
+        if release:
+            self.engine.target.release(solo)  # a pooled buffer goes back now that the row holds its KV
 
     def release(self, m: Member, failed: bool = False) -> None:
         """A request that never joined is done with its KV: a staged row is free again (zeroed after a
@@ -167,55 +169,88 @@ class Batch:
         self.engine.target.forward(torch.tensor(run.plan.ids[start : start + budget], dtype=torch.long), run.cache)
         return budget
 
-    def first_rounds(self, ms: list[Member]) -> list["Outcome"]:
-        """Round 0 of requests whose prompt (its rest) is now fed: the first token of each, in order.
+    def first_rounds(self, ms: list[Member]) -> list[tuple[Member, "Outcome"]]:
+        """Round 0 of requests whose prompt (its rest) is now fed: each one's first token.
 
-        Two or more in batched mode share one forward, each in a row staged after the members' (it
-        moves down when `add` makes it a member); a request alone, or a model off the batched path,
-        runs round 0 on its own buffer, as `Engine.stream` does. Measured (embedded model, 24 requests
-        through 8 rows): round 0 was 12% of the scheduler's time, one forward per joining request.
+        Returns (member, outcome) in the order to take them: first those that shared one forward, in
+        the rows they were staged in after the members' (`add` moves a staged row down, so never onto
+        one not yet taken), then those that ran round 0 on their own buffer, as `Engine.stream` does.
+        Measured (embedded model, 24 requests through 8 rows): round 0 was 12% of the scheduler's
+        time with one forward per joining request.
         """
-        if not self.batched or len(ms) < 2:
-            return [self._first_round(m) for m in ms]
+        shared = self._sharing(ms)
+        out = self._shared_first_rounds(shared) if shared else []
+        return out + [(m, self._first_round(m)) for m in ms if m not in shared]
+
+    def _sharing(self, ms: list[Member]) -> list[Member]:
+        """The joining requests that share round 0's forward, shortest rest first (none: each alone).
+
+        Every row is padded to the longest rest, so a request joins the group only while the padded
+        forward stays within the buffer and costs at most twice its real tokens (or 16 per row). With
+        CUDA graphs a request's own round 0 replays a graph, where rows after the members' would run
+        eagerly: there the group forms only in an empty batch, whose rows from 0 replay too.
+        """
+        if not self.batched or len(ms) < 2 or (self.engine.target.graphs is not None and self.members):
+            return []
+        capacity = max(kv_cache.bucket(m.run.cache.capacity) for m in ms)
+        if self.cache is not None:
+            capacity = max(capacity, self.cache.capacity)
+        group, starts, rests = [], [], []
+        for m in sorted(ms, key=lambda m: len(m.run.plan.ids) - kv_cache.length(m.run.cache)):
+            start = kv_cache.length(m.run.cache)
+            rest = len(m.run.plan.ids) - start
+            b, T = len(group) + 1, max(rests + [rest])
+            if max(starts + [start]) + T <= capacity and b * T <= max(2 * (sum(rests) + rest), 16 * b):
+                group.append(m)
+                starts.append(start)
+                rests.append(rest)
+        return group if len(group) >= 2 else []
+
+    def _shared_first_rounds(self, ms: list[Member]) -> list[tuple[Member, "Outcome"]]:
+        """Round 0 of `ms` in one forward over rows staged after the members'. Their own buffers go back
+        (zeroed after a failure: their prefill chunks may have been NaN) once the outcomes are known."""
         outcome: dict[int, Outcome] = {}
-        live = []
-        for i, m in enumerate(ms):
-            try:
-                self._hook(m, "forward")
-                live.append(i)
-            except Exception as e:  # noqa: BLE001 (isolated: this request alone ends)
-                outcome[i] = None, Failure(cause_of("forward", e), "forward", m.index, _message(e))
-        clocks = {i: Stopwatch() for i in live}
+        clocks = {i: Stopwatch() for i in range(len(ms))}
+        live, solos, tokens = [], {}, []
         lo = len(self.members)
-        starts, tokens = {}, []
-        for i in list(live):
-            try:
-                self._stage(ms[i], lo + len(tokens))
-            except Exception as e:  # noqa: BLE001 (isolated: this request alone ends, on its own buffer still)
-                live.remove(i)
-                outcome[i] = None, Failure(cause_of("forward", e), "forward", ms[i].index, _message(e))
-                continue
-            starts[i] = kv_cache.length(ms[i].run.cache)
-            tokens.append(ms[i].run.plan.ids[starts[i]:])  # [n_i]: never empty (round 0 feeds the last chunk)
-        for c in clocks.values():
-            c.lap("draft")
-        t0 = time.perf_counter()
-        hidden = self._prompt_rows(ms, live, lo, tokens, outcome)
-        forward_ms = (time.perf_counter() - t0) * 1e3
-        for i in live:
-            if i in outcome:
-                continue
-            m, clock, n = ms[i], clocks[i], len(tokens[live.index(i)])
-            clock.ms["forward"], clock.last = forward_ms, time.perf_counter()
-            try:
-                kv_cache.keep_path(m.run.cache, starts[i], list(range(n)))  # the whole chain: it is the prompt
-                if self.engine.prefix_cache is not None:
-                    self.engine.prefix_cache.insert(m.run.plan.ids, m.run.cache)
-            except Exception as e:  # noqa: BLE001 (isolated, as in `Engine._forward` on its own buffer)
-                outcome[i] = None, Failure(cause_of("forward", e), "forward", m.index, _message(e))
-                continue
-            outcome[i] = self._finish(m, None, hidden[i][n - 1 : n], m.run.plan.first, clock, size=len(live))
-        return [outcome[i] for i in range(len(ms))]
+        try:
+            for i, m in enumerate(ms):
+                clocks[i].lap("draft")
+                solo = m.run.cache
+                try:
+                    self._hook(m, "forward")
+                    self._stage(m, lo + len(live), release=False)
+                except Exception as e:  # noqa: BLE001 (isolated: it ends, still holding its own buffer)
+                    outcome[i] = None, Failure(cause_of("forward", e), "forward", m.index, _message(e))
+                    continue
+                solos[i] = solo
+                live.append(i)
+                tokens.append(m.run.plan.ids[kv_cache.length(m.run.cache):])  # [n_i]: never empty
+            t0 = time.perf_counter()
+            hidden = self._prompt_rows(ms, live, lo, tokens, outcome)
+            forward_ms = (time.perf_counter() - t0) * 1e3
+            for i, n in zip(live, map(len, tokens)):
+                if i not in outcome:
+                    outcome[i] = self._commit_prompt(ms[i], hidden[i][n - 1 : n], n, clocks[i], forward_ms, len(live))
+        finally:
+            for i, solo in solos.items():
+                self.engine.target.release(solo, failed=outcome.get(i, (None, True))[1] is not None)
+        return [(ms[i], outcome[i]) for i in live] + [(ms[i], outcome[i]) for i in range(len(ms)) if i not in live]
+
+    def _commit_prompt(self, m: Member, hidden: torch.Tensor, n: int, clock: Stopwatch, forward_ms: float,
+                       size: int) -> "Outcome":
+        """A staged request after the shared forward: its prompt's rest committed (and offered to the
+        prefix cache), then its first token and event (`_finish`). `hidden` [1, H]: the prompt's last row."""
+        try:
+            start = time.perf_counter()
+            kv_cache.keep_path(m.run.cache, kv_cache.length(m.run.cache), list(range(n)))  # the chain: the prompt
+            if self.engine.prefix_cache is not None:
+                self.engine.prefix_cache.insert(m.run.plan.ids, m.run.cache)
+        except Exception as e:  # noqa: BLE001 (isolated, as in `Engine._forward` on its own buffer)
+            return None, Failure(cause_of("forward", e), "forward", m.index, _message(e))
+        clock.last = time.perf_counter()
+        clock.ms["forward"] = forward_ms + (clock.last - start) * 1e3  # the shared forward, then its own commit
+        return self._finish(m, None, hidden, m.run.plan.first, clock, size=size)
 
     def _prompt_rows(self, ms: list[Member], live: list[int], lo: int, tokens: list[list[int]],
                      outcome: dict) -> dict[int, torch.Tensor]:

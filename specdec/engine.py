@@ -302,7 +302,9 @@ class Engine:
         if draft is None:  # what the prefix cache (or a chunked prefill) has not already put in the buffer
             start = kv_cache.length(run.cache)
             hidden = self.target.forward(torch.tensor(run.plan.ids[start:], dtype=torch.long), run.cache)
-            if self.prefix_cache is not None:
+            # Never keep a NaN prompt: every request starting with it would fail. (The check's host sync is
+            # the one round 0 makes anyway.) The last row attends to every slot, so it shows any NaN.
+            if self.prefix_cache is not None and bool(torch.isfinite(hidden[-1]).all()):
                 self.prefix_cache.insert(run.plan.ids, run.cache)
             return hidden[-1:]  # only the last position's row is verified
         tree = draft.tree

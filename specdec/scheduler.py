@@ -281,14 +281,14 @@ class Scheduler:
         it (their clients get an error, not a stream that never ends) and the thread serves on from an
         empty batch. Without it the thread died and every client, present and future, waited forever."""
         log.exception("scheduler error: ending the requests in flight")
-        failure = Failure("error", "scheduler", 0, _message(e))
+        failure = Failure(cause_of("scheduler", e), "scheduler", 0, _message(e))
         for t, m in self._prefilling:
             try:
                 self._release(m, failed=True)  # a pooled buffer goes back
             except Exception:  # noqa: BLE001 (already recovering)
                 log.exception("could not release request %d's buffer", t.rid)
-        tickets = [t for t, _ in self._prefilling] + [self._tickets.get(m.rid) for m in self._batch.members]
-        for t in dict.fromkeys(t for t in tickets if t is not None):
+        # every ticket with a member (joining, decoding, or between the two when it broke) and those not opened
+        for t in dict.fromkeys([*self._tickets.values(), *(t for t, _ in self._prefilling)]):
             self._fail(t, failure)
         self._prefilling.clear()
         self._tickets.clear()
@@ -330,9 +330,11 @@ class Scheduler:
                 break
         if not ready:
             return
-        for (t, m), (ev, failure) in zip(ready, self._batch.first_rounds([m for _, m in ready])):
+        ticket = {m: t for t, m in ready}
+        for m, (ev, failure) in self._batch.first_rounds(list(ticket)):  # in the order given: staged rows move down
+            t = ticket[m]
             self._prefilling.remove((t, m))
-            self._after(t, m, ev, failure, joined=False)  # in order: a staged row only ever moves down
+            self._after(t, m, ev, failure, joined=False)
 
     def _round(self) -> None:
         size = len(self._batch)

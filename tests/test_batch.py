@@ -199,13 +199,15 @@ def test_prompt_longer_than_a_prefill_chunk_is_fed_in_chunks(models):
 
 
 def round0_spy(target) -> list[list[int]]:
-    """Wrap `forward_rows`: record the prompt lengths of every forward that ran round 0 for 2+ requests."""
+    """Wrap `forward_rows`: record the prompt rests of every forward that ran round 0 for 2+ requests (rows
+    are staged shortest rest first)."""
     seen, real = [], target.forward_rows
 
     def forward_rows(cache, lo, tokens, trees):
+        out = real(cache, lo, tokens, trees)  # recorded once it returned: a fallback to one row each is not shared
         if len(tokens) > 1 and all(t is None for t in trees) and max(map(len, tokens)) > 1:
             seen.append([len(t) for t in tokens])
-        return real(cache, lo, tokens, trees)
+        return out
 
     target.forward_rows = forward_rows
     return seen
@@ -235,9 +237,9 @@ def test_joining_requests_share_round_0s_forward_and_stay_exact(arch, models):
         tickets += submit_together(s, second)
         out = [[t.token_id for e in tk.result(timeout=120) for t in e.emitted] for tk in tickets]
     assert out == [hf_greedy(model, list(r.prompt_ids), r.max_new_tokens) for r in first + second]
-    assert seen[0] == [len(p) for p in PROMPTS]  # the first wave: whole prompts
-    # the second wave: the rest of the chunked prompt, and what the prefix cache did not hold
-    assert seen[1:] == [[len(LONG) - 24, len(PROMPTS[0]) + 2, 1, 3]]
+    assert seen[0] == sorted(len(p) for p in PROMPTS)  # the first wave: whole prompts
+    # the second wave: what the prefix cache did not hold, and the rest of the chunked prompt
+    assert seen[1:] == [sorted([len(LONG) - 24, len(PROMPTS[0]) + 2, 1, 3])]
 
 
 def test_a_nan_row_in_round_0s_shared_forward_ends_that_request_alone(models):
@@ -250,16 +252,17 @@ def test_a_nan_row_in_round_0s_shared_forward_ends_that_request_alone(models):
     loaded.engine.set_cost_model(MODERATE)
     state = {"armed": False}
 
-    def poison(module, args, output):  # the first forward of 2+ rows: row 1's embeddings become NaN
-        if state["armed"] and output.shape[0] > 1:
+    def poison(module, args, output):  # the first forward of 2+ rows: request 1's embeddings become NaN
+        ids = args[0]
+        if state["armed"] and ids.shape[0] > 1:
             state["armed"] = False
             output = output.clone()
-            output[1] = float("nan")
+            output[ids[:, 0] == LONG[-1]] = float("nan")
             return output
         return None
 
-    # Two long prompts, so that the next round's keys reach far into row 1 after a short request moves there
-    # from row 2: only the row's cleaning keeps the poisoned request's stale NaN slots out of it.
+    # Two long prompts, so that the next rounds' keys reach far into the poisoned request's row when a short
+    # request takes it: only the row's cleaning keeps its stale NaN slots out of that request.
     prompts = [LONG, LONG[::-1], PROMPTS[2], *PROMPTS]
     requests = [GenerationRequest(p, N, lookup=6, eos_token_id=None) for p in prompts]
     handle = model.get_input_embeddings().register_forward_hook(poison)
@@ -277,7 +280,34 @@ def test_a_nan_row_in_round_0s_shared_forward_ends_that_request_alone(models):
             stats = s.stats()
     finally:
         handle.remove()
-    assert seen[0] == [len(p) for p in prompts[:3]]  # round 0 of the first three was the poisoned forward
+    assert seen[0] == sorted(len(p) for p in prompts[:3])  # round 0 of the first three was the poisoned forward
     assert isinstance(out[1], RequestFailed) and out[1].failure.cause == "non_finite" and not tickets[1].events
     assert [o for i, o in enumerate(out) if i != 1] == [hf_greedy(model, p, N) for i, p in enumerate(prompts) if i != 1]
     assert stats["failures"]["non_finite"] == 1
+
+
+def test_which_joining_requests_share_round_0():
+    """Rows are padded to the longest rest, so a request shares the forward only while the padding stays
+    within the buffer and at most doubles the real tokens (or 16 per row); the rest run alone."""
+    from specdec.batch import Batch, Member
+
+    model = make_model("llama")
+    engine = specdec.load(model, heads=None, device="cpu").engine
+    batch = Batch(engine, 4, batched=True)
+
+    def member(rid, n, fed=0):
+        prompt = [(5 * i) % 90 + 3 for i in range(n)]
+        m = Member(rid, engine._open(GenerationRequest(prompt, 8, speculative=False).plan(engine)))
+        if fed:
+            assert batch.prefill(m, fed) == fed  # prompt chunks already in its own buffer
+        return m
+
+    short = [member(0, 5), member(1, 3), member(2, 4)]
+    assert batch._sharing(short) == [short[1], short[2], short[0]]  # shortest rest first
+    long = member(3, 60)
+    assert batch._sharing(short + [long]) == [short[1], short[2], short[0]]  # 4 x 60 padded for 72 real tokens
+    assert batch._sharing([short[0], long]) == [short[0], long]  # two rows: the padding at most doubles them
+    assert batch._sharing([short[0]]) == []  # a group of one is no group
+    fed, rest = member(4, 200, fed=198), member(5, 100)  # 2 x 100 padded for 102 real: fine, but 198 + 100
+    assert fed.run.cache.capacity < 298 and batch._sharing([fed, rest]) == []  # slots do not fit the buffer
+    assert Batch(engine, 4, batched=False)._sharing(short) == []

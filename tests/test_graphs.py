@@ -347,7 +347,36 @@ def test_round_0_shared_by_joining_requests_replays_a_graph_and_stays_exact(llam
         got = [tokens(t) for t in submit_together(s, first)]  # allocates the batch's buffer, then leaves
         got += [tokens(t) for t in submit_together(s, second)]
     assert got == [hf_greedy(llama, list(r.prompt_ids), r.max_new_tokens) for r in first + second]
-    assert replayed[-1] == (0, [len(p) + 2 for p in PROMPTS], True), replayed
+    assert replayed[-1] == (0, sorted(len(p) + 2 for p in PROMPTS), True), replayed
+
+
+def test_a_nan_prompt_in_a_shared_round_0_gives_its_pooled_buffer_back_zeroed(llama):
+    """A prompt whose prefill chunks hold NaN joins with a clean one: it fails as non-finite, and the pooled
+    buffer it prefilled in goes back zeroed, so the next request to borrow it decodes exactly (it went
+    back as it was once, before the verdict, and the next request failed too)."""
+    from conftest import submit_together
+    from specdec.scheduler import RequestFailed
+
+    loaded = graphed(llama, heads=None)
+    poisoned = 127  # a token id whose embedding becomes NaN
+
+    def poison(module, args, output):
+        hit = args[0] == poisoned
+        return output.masked_fill(hit[..., None], float("nan")) if hit.any() else None
+
+    handle = llama.get_input_embeddings().register_forward_hook(poison)
+    try:
+        bad = [5, 6, poisoned] + list(range(10, 27))  # 20 tokens: two chunks of 8 first, then round 0
+        with specdec.scheduler.Scheduler(loaded.engine, max_batch_size=4, prefill_chunk=8) as s:
+            ta, tb = submit_together(s, [GenerationRequest(bad, 8, eos_token_id=None, speculative=False),
+                                         GenerationRequest([1, 2, 3], 8, eos_token_id=None, speculative=False)])
+            with pytest.raises(RequestFailed, match="non_finite"):
+                ta.result(timeout=60)
+            assert tokens(tb.result(timeout=60)) == hf_greedy(llama, [1, 2, 3], 8)
+            tc = s.submit(GenerationRequest([9, 8, 7], 8, eos_token_id=None, speculative=False))
+            assert tokens(tc.result(timeout=60)) == hf_greedy(llama, [9, 8, 7], 8)
+    finally:
+        handle.remove()
 
 
 def _graphed_load(monkeypatch):

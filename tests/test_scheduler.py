@@ -330,6 +330,30 @@ def test_an_error_outside_every_requests_steps_fails_those_in_flight_and_the_thr
     assert after == refs and stats["failures"]["error"] == 3
 
 
+def test_an_error_as_a_request_joins_the_batch_ends_it_and_the_next_is_exact(loaded, refs):
+    """The batch's buffer fails to grow (a simulated CUDA out-of-memory) as a request that ran round 0
+    alone joins: between its round 0 and its place in the batch it is in no list but the tickets', and it
+    must still end with the error (it waited forever once), counted by cause."""
+    from specdec import kv_cache
+
+    real, state = kv_cache.BatchCache.grow, {"raise": True}
+
+    def grow(self, capacity):
+        if state.pop("raise", False):
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(self, capacity)
+
+    with Scheduler(loaded.engine, max_batch_size=4) as s:
+        kv_cache.BatchCache.grow = grow
+        try:
+            with pytest.raises(RequestFailed, match="scheduler, out_of_memory"):
+                s.submit(requests()[0]).result(timeout=30)
+        finally:
+            kv_cache.BatchCache.grow = real
+        assert outcomes_of([s.submit(r) for r in requests()[:3]]) == refs
+        assert s.stats()["failures"]["out_of_memory"] == 1
+
+
 # -- each request of a mixed batch follows its own law -----------------------------------------
 
 KINDS = {  # sampler settings side by side in one batch
