@@ -130,3 +130,34 @@ def test_concurrent_inserts_of_the_same_prompt_count_bytes_once(model, monkeypat
         t.join()
     assert len(pc) == 1
     assert pc.bytes == sum(e.nbytes for e in pc._entries.values())
+
+
+@pytest.mark.parametrize("together", [1, 2])
+def test_a_prompt_whose_prefill_is_nan_is_not_kept(together):
+    """A prompt whose rows come out NaN fails its request; it must not be kept, or every request starting
+    with it would fail too. Alone (its own buffer) and with another joining request (a shared round 0)."""
+    from conftest import submit_together
+    from specdec.request import GenerationRequest
+    from specdec.scheduler import RequestFailed, Scheduler
+
+    model = make_model("llama")
+    cache = PrefixCache(min_tokens=4)
+    loaded = specdec.load(model, heads=None, device="cpu", prefix_cache=cache)
+    poisoned = 127
+
+    def poison(module, args, output):
+        hit = args[0] == poisoned
+        return output.masked_fill(hit[..., None], float("nan")) if hit.any() else None
+
+    handle = model.get_input_embeddings().register_forward_hook(poison)
+    try:
+        with Scheduler(loaded.engine, max_batch_size=2) as s:
+            bad = GenerationRequest([5, 6, poisoned, 9, 10, 11], 4, eos_token_id=None, speculative=False)
+            good = GenerationRequest([1, 2, 3, 4, 5, 6, 7], 4, eos_token_id=None, speculative=False)
+            tickets = submit_together(s, [bad, good][:together])
+            with pytest.raises(RequestFailed, match="non_finite"):
+                tickets[0].result(timeout=60)
+            [t.result(timeout=60) for t in tickets[1:]]
+    finally:
+        handle.remove()
+    assert len(cache) == together - 1  # only the clean prompt is kept
