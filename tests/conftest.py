@@ -335,3 +335,21 @@ def submit_together(s, requests, **kw) -> list:
     tickets = [s.submit(r, **kw) for r in requests]
     go.set()
     return tickets
+
+
+# A small shape for the hub's config classes (tests/test_target.py, tests/test_architectures.py).
+HUB_SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=128, initializer_range=0.1, bos_token_id=None, eos_token_id=None,
+                 pad_token_id=None)
+
+
+def tiny_hub_model(spec) -> nn.Module:
+    """A tiny random fp32 model from (config class, model class, config overrides, attention implementation)."""
+    cfg_cls, model_cls, overrides, attn = spec
+    cfg = cfg_cls(**{**HUB_SMALL, **overrides})
+    cfg._attn_implementation = attn
+    torch.manual_seed(0)
+    model = model_cls(cfg).float().eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model

@@ -10,16 +10,13 @@ ALiBi models, which cannot take a tree mask, are refused at load (tests/test_tar
 from __future__ import annotations
 
 import pytest
-import torch
 import transformers as hf
 
 import specdec
-from conftest import hf_greedy
+from conftest import hf_greedy, tiny_hub_model
 from specdec.request import GenerationRequest
 from specdec.scheduler import Scheduler
 
-_SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-              vocab_size=128, initializer_range=0.1, bos_token_id=None, eos_token_id=None, pad_token_id=None)
 # name -> (config class, model class, config overrides, attention implementation)
 ARCHITECTURES = {
     "olmo2": (hf.Olmo2Config, hf.Olmo2ForCausalLM, {}, "sdpa"),
@@ -44,20 +41,9 @@ PROMPTS = ([5, 17, 3, 9, 9, 1, 2], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [99, 42, 7, 
 N = 20
 
 
-def build(name: str):
-    cfg_cls, model_cls, overrides, attn = ARCHITECTURES[name]
-    cfg = cfg_cls(**{**_SMALL, **overrides})
-    cfg._attn_implementation = attn
-    torch.manual_seed(0)
-    model = model_cls(cfg).float().eval()
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    return model
-
-
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_greedy_alone_and_batched_equals_hf_generate(name):
-    model = build(name)
+    model = tiny_hub_model(ARCHITECTURES[name])
     refs = [hf_greedy(model, p, N) for p in PROMPTS]
     loaded = specdec.load(model, heads="random", device="cpu")
     target = loaded.engine.target

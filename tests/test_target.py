@@ -103,11 +103,10 @@ import logging  # noqa: E402
 import transformers as hf  # noqa: E402
 
 import specdec  # noqa: E402
-from conftest import hf_greedy, oracle_loaded  # noqa: E402
+from conftest import HUB_SMALL, hf_greedy, oracle_loaded, tiny_hub_model  # noqa: E402
 from specdec.prefix_cache import PrefixCache  # noqa: E402
 
-_SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-              vocab_size=128, initializer_range=0.1, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+_SMALL = HUB_SMALL
 WINDOW = 24  # small enough that the tests reach it
 # name -> (config class, model class, config overrides, attention implementation)
 WINDOWED = {
@@ -127,14 +126,7 @@ LONG_PROMPT = [5, 17, 3, 9, 9, 1, 2, 3, 4, 5, 6, 7]  # 12 tokens: the prefix cac
 
 
 def hub_model(name: str):
-    cfg_cls, model_cls, overrides, attn = WINDOWED[name]
-    cfg = cfg_cls(**{**_SMALL, **overrides})
-    cfg._attn_implementation = attn
-    torch.manual_seed(0)
-    model = model_cls(cfg).float().eval()
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    return model
+    return tiny_hub_model(WINDOWED[name])
 
 
 @pytest.mark.parametrize("name", list(WINDOWED))
