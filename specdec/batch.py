@@ -210,11 +210,12 @@ class Batch:
         """Round 0 of `ms` in one forward over rows staged after the members'. Their own buffers go back
         (zeroed after a failure: their prefill chunks may have been NaN) once the outcomes are known."""
         outcome: dict[int, Outcome] = {}
-        clocks = {i: Stopwatch() for i in range(len(ms))}
+        clocks: dict[int, Stopwatch] = {}
         live, solos, tokens = [], {}, []
         lo = len(self.members)
         try:
             for i, m in enumerate(ms):
+                clocks[i] = Stopwatch()  # laps: the shared forward with its own commit, then its token
                 clocks[i].lap("draft")
                 solo = m.run.cache
                 try:
