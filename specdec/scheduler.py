@@ -7,15 +7,17 @@ scheduler thread loops:
   1. drop requests whose client cancelled (a closed stream, a disconnect): their rows free up now;
   2. admit waiting requests while fewer than `max_batch_size` are prefilling or decoding;
   3. prefill: up to `prefill_chunk` prompt tokens of the joining requests, oldest first, so a long
-     prompt is fed over several iterations and never stalls the batch for long; a request whose
-     prompt is in runs its round 0 (its first token) and joins the batch;
+     prompt is fed over several iterations and never stalls the batch for long; the requests whose
+     prompt is then in run their round 0 (the first token), together in one forward where that pays
+     (`Batch.first_rounds`), and join the batch;
   4. one batched round (specdec.batch) for every decoding request; a request that finished,
      failed, or whose `should_stop` says so leaves at once.
 
 `max_batch_size=1` is today's one-at-a-time service through the same path. A request's params may
 be a callable: it is read once per round, so a slider moved during a run reaches the next round.
 A fault in one request's round ends that request alone (`RequestFailed` to its client, after the
-events it already had) and is counted by cause; see specdec.batch.
+events it already had) and is counted by cause; see specdec.batch. An error outside every request's
+own steps (a bug of ours) ends the requests in flight with it, and the thread serves on.
 """
 from __future__ import annotations
 
