@@ -46,11 +46,14 @@ def benchmark(cfg: BenchConfig, loaded: specdec.Loaded | None = None, oracle: Or
             loaded.engine.stream(engine_request(m, cfg, prompts[0], cfg.seed, cfg.max_new_tokens)).close()
     N = cfg.max_new_tokens
 
-    # The oracle needs the greedy continuation (plus room for the deepest head) before any engine run.
+    # The oracle needs the greedy continuation (plus room for the deepest head) before any engine run: the
+    # engine's own, which in fp32 is HF's token for token. In bf16 HF's cached and cache-free forwards already
+    # disagree on the argmax at near-ties (8% of positions on a random Qwen2-0.5B shape), so an HF reference
+    # would make the oracle propose tokens the engine's own forwards do not pick.
     conts: list[list[int] | None] = [None] * len(prompts)
     if oracle is not None:
         K = oracle.config.num_heads
-        conts = [run_method(loaded, ids, BY_ID["hf_greedy"], cfg, 0, N + K + 1).token_ids for ids in prompts]
+        conts = [run_method(loaded, ids, BY_ID["plain_greedy"], cfg, 0, N + K + 1).token_ids for ids in prompts]
     if any(m.tree == "auto" for m in methods):
         # The dynamic tree sizes itself by the round costs of this machine, measured now, not read
         # from a cache another load (perhaps on a busier machine) wrote. Oracle heads need a reference.

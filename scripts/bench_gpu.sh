@@ -12,9 +12,12 @@
 #   5. HF generate with a static cache, compiled (torch.compile "reduce-overhead"), in its own process:
 #      it takes minutes to compile and crashed on one GPU image, so it goes last and alone;
 #   6. the embedded model with its shipped heads, a few methods, if time is left.
-# Results: $OUT/<step>/results.{json,md}, $OUT/*.json, $OUT/log.txt. bench.py rewrites its results
+# Results: <dir>/<step>/results.{json,md}, <dir>/*.json, <dir>/log.txt. bench.py rewrites its results
 # after every repeat, so a step cut by its timeout still leaves the finished repeats (marked PARTIAL).
-# Then, on a dev machine: python scripts/gpu_table.py <folder that came back>  (the BENCHMARKS.md table).
+# With $OUT set (the device tool's run, whose $OUT brings back at most 8 files), <dir> is a scratch folder,
+# packed into $OUT/gpu_results.tgz every 20 s and after each step (a run cut by its own timeout keeps
+# what was packed), with a copy of log.txt beside it; without $OUT, <dir> is bench_out/gpu.
+# Then, on a dev machine: python scripts/gpu_table.py <folder that came back, or the .tgz>  (the tables).
 #
 # With the device tool:   run(command="bash scripts/bench_gpu.sh", timeout_s=540)
 # Dry run on a CPU:       DEVICE=cpu DTYPE=float32 QWEN=random:tiny PROMPTS=2 TOKENS=16 REPEATS=1 BATCH_PROMPTS=4 bash scripts/bench_gpu.sh
@@ -22,6 +25,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 # No registry and no hub there; and unbuffered, so that a step killed by its timeout keeps its last lines.
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+# Some GPU images force TF32 for every fp32 product; the exactness step compares fp32 argmaxes.
+unset TORCH_ALLOW_TF32_CUBLAS_OVERRIDE
 
 DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bfloat16}
@@ -32,8 +37,20 @@ REPEATS=${REPEATS:-2}
 ORACLE=${ORACLE:-0.8}
 BATCH_PROMPTS=${BATCH_PROMPTS:-16}
 BUDGET=${BUDGET:-450}   # seconds: optional steps start only while the script is under this
-OUT_DIR=${OUT:-bench_out/gpu}
+DEADLINE=${DEADLINE:-525}  # seconds: no step runs past this (the device run's own limit is 540 s)
 PY=${PYTHON:-$(command -v python3 || command -v python)}
+if [ -n "${OUT:-}" ]; then
+  OUT_DIR=$(mktemp -d /tmp/bench_gpu.XXXXXX)
+  mkdir -p "$OUT"
+  pack() { tar -czf "$OUT/gpu_results.tgz.tmp" -C "$OUT_DIR" . 2>/dev/null && mv -f "$OUT/gpu_results.tgz.tmp" "$OUT/gpu_results.tgz"
+           cp -f "$OUT_DIR/log.txt" "$OUT/log.txt" 2>/dev/null; true; }
+  ( while sleep 20; do pack; done ) &
+  PACKER=$!
+  trap 'kill $PACKER 2>/dev/null; pack' EXIT
+else
+  OUT_DIR=bench_out/gpu
+  pack() { true; }
+fi
 mkdir -p "$OUT_DIR"
 exec > >(tee -a "$OUT_DIR/log.txt") 2>&1
 
@@ -53,10 +70,16 @@ step() {  # step <name> <timeout_s> <optional:0|1> <command...>
   if [ "$optional" = 1 ] && [ "$SECONDS" -ge "$BUDGET" ]; then
     echo "== $name: skipped (${SECONDS}s used, budget ${BUDGET}s)"; return
   fi
+  local left=$((DEADLINE - SECONDS))
+  if [ "$left" -lt "$limit" ]; then limit=$left; fi
+  if [ "$limit" -lt 20 ]; then
+    echo "== $name: skipped (${SECONDS}s used, deadline ${DEADLINE}s)"; return
+  fi
   local start=$SECONDS
   echo "== $name (limit ${limit}s) at ${SECONDS}s"
   timeout "$limit" "$@"
   echo "== $name: rc=$? in $((SECONDS - start))s"
+  pack
 }
 
 QWEN_ARGS=(--device "$DEVICE" --dtype "$DTYPE" --model "$QWEN" --heads "oracle:$ORACLE"
@@ -69,7 +92,9 @@ step batch 150 1 "$PY" scripts/batch_throughput.py --model "$QWEN" --device "$DE
   --sizes 1,4,16 --prompts "$BATCH_PROMPTS" --tokens 64 --repeats 1 --out "$OUT_DIR/batch.json"
 step eager 90 1 "$PY" bench.py "${QWEN_ARGS[@]}" --no-cuda-graphs --repeats 1 \
   --methods hf_greedy,plain_greedy,default_greedy --out "$OUT_DIR/qwen2-0.5b-eager"
-step compiled 170 1 "$PY" bench.py "${QWEN_ARGS[@]}" --repeats 1 --methods hf_greedy,hf_compiled_greedy \
+# One prompt: the static cache's length (prompt + new tokens) is part of what is compiled, so a second
+# prompt of another length would compile again.
+step compiled 170 1 "$PY" bench.py "${QWEN_ARGS[@]}" --repeats 1 --num-prompts 1 --methods hf_greedy,hf_compiled_greedy \
   --out "$OUT_DIR/qwen2-0.5b-compiled"
 step embedded 100 1 "$PY" bench.py --device "$DEVICE" --dtype "$DTYPE" --num-prompts 3 --max-new-tokens "$TOKENS" \
   --repeats "$REPEATS" --methods hf_greedy,hf_sample,plain_greedy,auto_greedy,hybrid_greedy,hybrid_sample \

@@ -10,6 +10,7 @@ any mismatch or capture failure. No pytest needed (the GPU image may not have it
 """
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,11 +34,18 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    # Full fp32 products on both sides: TF32 (on where an image sets TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1)
+    # rounds them to 10 bits, and a near-tie in a tiny random model could flip an argmax: a false mismatch.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
     t0 = time.perf_counter()
     rows, ok = [], True
 
     def save(done: bool) -> dict:  # after every row: a run cut by its time limit still leaves its results
         summary = {"ok": bool(ok) and done, "complete": done, "device": a.device, "torch": torch.__version__,
+                   "tf32": {"matmul": torch.backends.cuda.matmul.allow_tf32,
+                            "override_env": os.environ.get("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE")},
                    "seconds": time.perf_counter() - t0, "rows": rows}
         if a.out:
             Path(a.out).write_text(json.dumps(summary, indent=1))

@@ -1,6 +1,6 @@
 """The BENCHMARKS.md tables from one run of scripts/bench_gpu.sh: every figure next to its issue's target.
 
-    python scripts/gpu_table.py <folder that bench_gpu.sh wrote>   # prints Markdown
+    python scripts/gpu_table.py <folder that bench_gpu.sh wrote, or its gpu_results.tgz>   # prints Markdown
 """
 import json
 import sys
@@ -19,8 +19,24 @@ def fmt(x, spec=".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def main(folder: str) -> None:
+def unpack(folder: str) -> Path:
+    """The results folder: `folder` itself, or where the packed results (gpu_results.tgz, in it or given
+    directly: the device tool brings back at most 8 files) are unpacked."""
+    import tarfile
+    import tempfile
+
     d = Path(folder)
+    packed = d if d.is_file() else d / "gpu_results.tgz"
+    if not packed.is_file():
+        return d
+    out = Path(tempfile.mkdtemp(prefix="gpu_results_"))
+    with tarfile.open(packed) as tar:
+        tar.extractall(out, filter="data")
+    return out
+
+
+def main(folder: str) -> None:
+    d = unpack(folder)
     qwen = load(d / "qwen2-0.5b-oracle" / "results.json")
     compiled = rows_by_id(load(d / "qwen2-0.5b-compiled" / "results.json"))
     eager = rows_by_id(load(d / "qwen2-0.5b-eager" / "results.json"))

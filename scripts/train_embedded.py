@@ -44,11 +44,16 @@ from specdec.train.medusa import train_heads  # noqa: E402
 PART = 15 * 1024 * 1024
 
 
-def pack(src: Path, out: Path, name: str) -> None:
-    """Tar `src` into out/name.tar.part-NN files of at most 15 MB."""
+def pack(src: Path, out: Path, name: str, leave_out: tuple[str, ...] = ()) -> None:
+    """Tar `src` (but its top-level folders `leave_out`) into out/name.tar.part-NN files of at most 15 MB.
+
+    What comes back from the device is at most 8 files and 64 MiB together: the model, the heads, the
+    summary and the log must fit."""
     tmp = Path("/tmp") / f"{name}.tar"
+    skip = {f"{name}/{d}" for d in leave_out}
     with tarfile.open(tmp, "w") as tf:
-        tf.add(src, arcname=name)
+        tf.add(src, arcname=name, filter=lambda ti: None if any(ti.name == d or ti.name.startswith(d + "/")
+                                                                for d in skip) else ti)
     data = tmp.read_bytes()
     for i in range(0, len(data), PART):
         (out / f"{name}.tar.part-{i // PART:02d}").write_bytes(data[i : i + PART])
@@ -140,7 +145,7 @@ def main() -> None:
     hm["wall_seconds"] = time.time() - ts
     summary["heads"] = hm
     save_summary()
-    pack(work / "heads", out, "heads")
+    pack(work / "heads", out, "heads", leave_out=("distill",))  # the distilled data (~8 MB): not needed here
     save_summary()
     log.info("all done in %.0f s", time.time() - t0)
 

@@ -282,10 +282,13 @@ def _measure(engine: "Engine", cache, ids: torch.Tensor, ctx: int, deadline: flo
     verify_s = _time(lambda: sample(target_probs(row, law), draws), reps)
     # Plain and drafted rounds' host work, measured in turns and paired: one pair alone swung the
     # drafted figure over 0-0.44 ms between loads, as a busy moment fell on one stream or the other.
+    # On CUDA a round's "forward" lap times only the launch (the GPU work is waited for later, where the
+    # host first reads a result), so the measured curve stands in for the forward there.
+    curve = CostModel(tuple(nodes), tuple(times), heads_s, 0.0).forward if target.device.type == "cuda" else None
     plain, drafted = [], []
     for _ in range(3):
-        plain.append(_overhead(engine, ids[:16].tolist()))
-        drafted.append(_drafted_overhead(engine, ids[:3].tolist() * 6, plain[-1]))
+        plain.append(_overhead(engine, ids[:16].tolist(), curve))
+        drafted.append(_drafted_overhead(engine, ids[:3].tolist() * 6, plain[-1], curve))
     overhead_s, drafted_s = statistics.median(plain), statistics.median(drafted)
     return CostModel(tuple(nodes), tuple(times), heads_s, overhead_s, model_key(engine), verify_s, drafted_s)
 
@@ -388,28 +391,33 @@ def _nondecreasing(ys: list[float]) -> list[float]:
     return [total / count for total, count in blocks for _ in range(int(count))]
 
 
-def _overhead(engine: "Engine", prompt: list[int]) -> float:
+def _overhead(engine: "Engine", prompt: list[int], forward_s=None) -> float:
     """The host time of a plain round outside its forward and its row: the engine's own loop, measured."""
     from .request import GenerationRequest  # the request module imports the engine's tree types
 
     events = list(engine.stream(GenerationRequest(prompt, 12, speculative=False, eos_token_id=None)))
-    rest = sorted(_outside(e) for e in events[2:])
+    rest = sorted(_outside(e, forward_s) for e in events[2:])
     return rest[len(rest) // 4] if rest else 0.0  # a low quantile, for the same reason as `measure`
 
 
-def _drafted_overhead(engine: "Engine", prompt: list[int], plain: float) -> float:
+def _drafted_overhead(engine: "Engine", prompt: list[int], plain: float, forward_s=None) -> float:
     """What a drafted round's host work adds to a plain round's: rounds drafting a prompt-lookup
     chain on a repeating prompt (no heads needed), outside their forward, less `plain`."""
     from .request import GenerationRequest
 
     events = list(engine.stream(GenerationRequest(prompt, 24, tree="none", lookup=4, eos_token_id=None)))
-    rest = sorted(_outside(e) for e in events[1:] if len(e.nodes) > 1)
+    rest = sorted(_outside(e, forward_s) for e in events[1:] if len(e.nodes) > 1)
     return max(rest[len(rest) // 4] - plain, 0.0) if rest else 0.0
 
 
-def _outside(ev: "RoundEvent") -> float:
-    """A round's seconds outside its forward and its vocabulary rows, which forward(N) already times."""
+def _outside(ev: "RoundEvent", forward_s=None) -> float:
+    """A round's seconds outside its forward and its vocabulary rows, which forward(N) already times.
+
+    forward_s: forward(N) in seconds from the measured curve, subtracted instead of the round's own laps
+    (on CUDA, where those laps time only the launches); None: the laps."""
     t = ev.timings
+    if forward_s is not None:
+        return max(t["total"] / 1e3 - forward_s(max(len(ev.nodes), 1)), 0.0)
     return (t["total"] - t["forward"] - t.get("rows", 0.0)) / 1e3
 
 

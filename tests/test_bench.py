@@ -119,6 +119,23 @@ def test_oracle_accepts_known_fraction(tiny):
     assert chain["acceptance_per_depth"] == [1.0, 1.0, 1.0, 1.0]
 
 
+def test_the_oracle_ranks_the_truth_first_in_bf16_over_a_large_vocabulary():
+    """bf16 steps by 0.0625 at 10: over Qwen2's 151,936 tokens its top ~475 scores tie, and top-k would
+    return low ids instead of the truth (tau 1.00 on the GPU script). The scores stay float32."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, vocab_size=151936)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).eval()
+    ref = [5, 151000, 7, 150999, 11, 149000, 13, 150001]
+    oracle = bench.OracleHeads(model, ref, num_heads=4)
+    h = model.base_model(torch.tensor([ref[:2]])).last_hidden_state[0, -1]  # the hidden state at position 1
+    scores = oracle(h)
+    assert scores.dtype == torch.float32
+    assert scores.topk(1, dim=-1).indices[:, 0].tolist() == ref[3:7]  # head k: the token at 1 + k + 2
+
+
 def test_bad_inputs():
     with pytest.raises(ValueError, match="unknown method"):
         bench.select_methods(("nope",), has_heads=True, has_trained_tree=False)

@@ -71,6 +71,10 @@ def test_the_overheads_leave_out_the_rows_that_forward_already_times(llama, monk
     monkeypatch.setattr(engine, "stream", fixed_timings)
     assert cost_mod._overhead(engine, [1, 2, 3, 4]) == pytest.approx(0.5e-3)  # 2.0 - 1.0 - 0.5 ms
     assert cost_mod._drafted_overhead(engine, [1, 2, 3] * 6, 0.3e-3) == pytest.approx(0.2e-3)
+    # On CUDA the laps time only the launches: the measured curve's forward(N) stands in for them
+    curve = lambda n: 1.2e-3 if n == 1 else 1.4e-3  # noqa: E731
+    assert cost_mod._overhead(engine, [1, 2, 3, 4], curve) == pytest.approx(0.8e-3)  # 2.0 - 1.2 ms
+    assert cost_mod._drafted_overhead(engine, [1, 2, 3] * 6, 0.3e-3, curve) == pytest.approx(0.3e-3)  # 2.0-1.4-0.3
 
 
 def test_refresh_moves_toward_the_engines_own_round_costs():
