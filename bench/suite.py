@@ -82,7 +82,7 @@ def benchmark(cfg: BenchConfig, loaded: specdec.Loaded | None = None, oracle: Or
                 seed = cfg.seed + 1000 * rep + pi
                 runs[m.id][rep].append(run_method(loaded, ids, m, cfg, seed, N, oracle, conts[pi], pi))
         log(f"  repeat {rep + 1}/{cfg.repeats}: {time.perf_counter() - t_rep:.1f}s")
-        if checkpoint is not None and rep + 1 < cfg.repeats:
+        if checkpoint is not None:  # the last one too: the memory runs below take a run per method
             done = {k: v[: rep + 1] for k, v in runs.items()}
             partial = assemble(cfg, loaded, oracle, methods, done, {m.id: (None, "") for m in methods}, tok,
                                len(prompts), started)

@@ -150,7 +150,7 @@ def test_partial_results_after_each_repeat(tiny, tmp_path):
     cfg = tiny_config(methods=("hf_greedy", "plain_greedy", "lookup_greedy"), repeats=3)
     full = bench.benchmark(cfg, loaded, oracle, log=lambda *a: None,
                            checkpoint=lambda r: (seen.append(r), bench.write_reports(r, tmp_path)))
-    assert [r["meta"]["partial"] for r in seen] == ["1 of 3 repeats", "2 of 3 repeats"]
+    assert [r["meta"]["partial"] for r in seen] == ["1 of 3 repeats", "2 of 3 repeats", "3 of 3 repeats"]
     assert all(len(row["tok_s_runs"]) == i + 1 for i, r in enumerate(seen) for row in r["methods"])
     assert "PARTIAL" in (tmp_path / "results.md").read_text()
     assert "partial" not in full["meta"] and len(full["methods"][0]["tok_s_runs"]) == 3
