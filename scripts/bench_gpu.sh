@@ -44,9 +44,9 @@ if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT"
   pack() { tar -czf "$OUT/gpu_results.tgz.tmp" -C "$OUT_DIR" . 2>/dev/null && mv -f "$OUT/gpu_results.tgz.tmp" "$OUT/gpu_results.tgz"
            cp -f "$OUT_DIR/log.txt" "$OUT/log.txt" 2>/dev/null; true; }
-  ( while sleep 20; do pack; done ) &
+  ( while sleep 20; do pack; done ) >/dev/null 2>&1 &  # not holding the run's output open
   PACKER=$!
-  trap 'kill $PACKER 2>/dev/null; pack' EXIT
+  trap 'pkill -P $PACKER 2>/dev/null; kill $PACKER 2>/dev/null; pack' EXIT
 else
   OUT_DIR=bench_out/gpu
   pack() { true; }
