@@ -21,6 +21,8 @@ from components import Handlers, Session, Settings, layout, plots, serving
 from components.app_args import parse_args, prefix_cache
 from components.texts import API, SCROLL_TO_RACE_JS
 from specdec.batch import FaultHook, chaos
+from specdec.cost import serving_threads as serving_threads_measured
+from specdec.threads import on_fresh_thread
 from specdec.metrics import Metrics
 
 STATIC = Path(__file__).resolve().parent / "assets" / "static"
@@ -163,6 +165,24 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
     return demo
 
 
+def serving_threads(loaded: specdec.Loaded, requested: int | str) -> str:
+    """Set torch's intra-op threads for serving on a CPU (`requested`: a count, or "auto" to measure,
+    `specdec.cost.serving_threads`); a line saying what was chosen and why. Before the scheduler's
+    thread runs its first op, which keeps the count it starts with."""
+    if loaded.device.type != "cpu":
+        return ""
+    if requested == "auto":
+        count, timed = on_fresh_thread(serving_threads_measured, loaded.engine.target)
+        ms = timed.get("ms", {})
+        why = ", ".join(f"{n} tokens {ms[1][n]:.1f} ms on one against {ms[count_all][n]:.1f} on {count_all}"
+                        for count_all in [timed.get("default")] if ms for n in ms[1])
+        line = f"torch threads: {count} (measured forwards: {why})" if why else f"torch threads: {count}"
+    else:
+        count, line = requested, f"torch threads: {requested} (--threads)"
+    torch.set_num_threads(count)
+    return line
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     try:
@@ -174,6 +194,9 @@ def main(argv=None) -> None:
         # cuDNN attention builds a plan for every new (query, cache) length: measured on an H200,
         # it made a user's first 128-token run 10.3 s instead of 4.0 s. The other SDPA kernels don't.
         torch.backends.cuda.enable_cudnn_sdp(False)
+    line = serving_threads(loaded, args.threads)
+    if line:
+        print(line, flush=True)
     metrics = Metrics()  # one registry per app; served at /metrics
     demo = build_demo(loaded, max_prompt_tokens=args.max_prompt_tokens, queue_size=args.queue_size, metrics=metrics,
                       fault_hook=chaos(args.chaos) if args.chaos else None)

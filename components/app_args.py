@@ -26,6 +26,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-prefix-cache", action="store_true", help="prefill every prompt from scratch")
     p.add_argument("--max-batch-size", type=int, default=specdec.scheduler.DEFAULT_MAX_BATCH_SIZE,
                    help="requests decoded together, one target forward per round (1: one at a time; default: %(default)s)")
+    p.add_argument("--threads", default=os.environ.get("SPECDEC_THREADS", "auto"),
+                   help="torch intra-op threads on a CPU: 'auto' (default: one where one runs the model's forwards "
+                        "within 25%% of all of them, measured at start; the web server needs the other cores) or a count")
     p.add_argument("--chaos", type=float, default=0.0, metavar="FRACTION",
                    help="testing only: make about this fraction of requests fail mid-stream (loadtest.py --chaos)")
     args = p.parse_args(argv)
@@ -35,6 +38,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--queue-size must be >= 1, got {args.queue_size}")
     if args.max_batch_size < 1:
         p.error(f"--max-batch-size must be >= 1, got {args.max_batch_size}")
+    if args.threads != "auto":
+        try:
+            args.threads = int(args.threads)
+        except ValueError:
+            args.threads = 0
+        if args.threads < 1:
+            p.error(f"--threads must be 'auto' or an integer >= 1, got {args.threads!r}")
     if not 0 <= args.chaos <= 1:
         p.error(f"--chaos must be in [0, 1], got {args.chaos}")
     if args.prefix_cache_mb <= 0:

@@ -379,6 +379,48 @@ def packed_rows_pay(target: "TargetModel", rows: int = 8, reps: int = 12, margin
     return statistics.median(times["packed"]) < margin * statistics.median(times["own"])
 
 
+@torch.inference_mode()
+def serving_threads(target: "TargetModel", tokens: tuple[int, ...] = (16, 64), reps: int = 12, margin: float = 1.25,
+                    budget_s: float = 1.0) -> tuple[int, dict]:
+    """The intra-op threads a serving process should give torch on a CPU: one, where one thread runs
+    the target's forwards of `tokens` tokens within `margin` of the time the default count takes;
+    the default otherwise. Returns (threads, what was timed: median ms per count and size).
+
+    Why fewer: a second OpenMP thread only helps inside an op, and between ops, while a round runs
+    its Python, it spins on a core. A web server in the same process needs that core. On this
+    project's 2-CPU machine the embedded model's forwards took 7-16% longer on one thread than on two,
+    and yet the app served 12-15% more tokens/s with one thread, at batch 1 and at batch 8, for half
+    the CPU time (BENCHMARKS.md, twelfth session). Hence a margin of 25%. A model whose forward is
+    compute-bound (a second thread nearly halves it) keeps every thread.
+
+    Timed interleaved (default count, then one, per pass) for up to `reps` passes or `budget_s`, on
+    the calling thread, whose count is restored. Run it on a thread that then ends
+    (`threads.on_fresh_thread`), before the scheduler's thread runs its first op: a thread keeps
+    the count it started with.
+    """
+    default = torch.get_num_threads()
+    if target.device.type != "cpu" or default <= 1:
+        return default, {}
+    batches = {n: torch.arange(n, device=target.device) % target.vocab_size for n in tokens}
+    times: dict[tuple[int, int], list[float]] = {}
+    deadline = time.perf_counter() + budget_s
+    try:
+        for rep in range(reps + 1):
+            for count in (default, 1):
+                torch.set_num_threads(count)
+                for n, ids in batches.items():
+                    t = _timed(lambda: target.forward(ids, kv_cache.new_cache(target.model)))
+                    if rep:  # the first pass warms up
+                        times.setdefault((count, n), []).append(t)
+            if rep >= 2 and time.perf_counter() > deadline:
+                break
+    finally:
+        torch.set_num_threads(default)
+    ms = {count: {n: round(statistics.median(times[count, n]) * 1e3, 3) for n in tokens} for count in (default, 1)}
+    slowest = max(ms[1][n] / ms[default][n] for n in tokens)  # one thread's worst size, as a share of the default's
+    return (1 if slowest <= margin else default), {"default": default, "ms": ms}
+
+
 def _nondecreasing(ys: list[float]) -> list[float]:
     """The least-squares nondecreasing fit of ys (pool adjacent violators: each run that falls is averaged)."""
     blocks: list[list[float]] = []  # [sum, count] per pooled run

@@ -27,7 +27,17 @@ def test_bad_values_are_named(flags, message, capsys):
     assert message.replace("\\", "") in capsys.readouterr().err
 
 
-def test_main_measures_the_cost_model_while_the_server_starts(monkeypatch):
+@pytest.fixture
+def torch_threads():
+    """`app.main` sets torch's thread count for the process: give the other tests theirs back."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_main_measures_the_cost_model_while_the_server_starts(monkeypatch, torch_threads):
     """`python app.py` queues the dynamic tree's cost model on the scheduler's thread before it serves, so
     the first visitor's first request does not pay for it (measured: TTFT 0.9-1.1 s -> 0.08-0.14 s)."""
     import gradio as gr
@@ -61,3 +71,44 @@ def test_main_names_why_a_model_is_refused(monkeypatch, tmp_path):
     AutoTokenizer.from_pretrained(Path(app.__file__).parent / "assets" / "model").save_pretrained(tmp_path)
     with pytest.raises(SystemExit, match=r"^error: BloomForCausalLM cannot verify a draft tree exactly"):
         app.main(["--model", str(tmp_path), "--heads", "random", "--port", "0"])
+
+
+def test_threads_flag():
+    assert parse_args([]).threads == "auto"
+    assert parse_args(["--threads", "3"]).threads == 3
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "many"])
+def test_bad_threads_are_named(value, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--threads", value])
+    assert "--threads must be 'auto' or an integer >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag,measured", [([], True), (["--threads", "2"], False)])
+def test_main_sets_the_threads_before_the_scheduler_runs(monkeypatch, capsys, torch_threads, flag, measured):
+    """The count is chosen (measured, or given) before the scheduler's thread runs its first op, so its
+    OpenMP pool has that count: the cost model's warm-up, its first work, sees it."""
+    import gradio as gr
+    import torch
+
+    import app
+    import specdec
+
+    loaded = specdec.load()
+    monkeypatch.setattr(specdec, "load", lambda *a, **k: loaded)
+    monkeypatch.setattr(gr.Blocks, "launch", lambda self, **kw: None)
+    timed = {"default": 2, "ms": {2: {16: 5.0, 64: 9.0}, 1: {16: 4.0, 64: 10.0}}}
+    monkeypatch.setattr(app, "serving_threads_measured", lambda target: (1, timed))
+    seen = []
+    monkeypatch.setattr(loaded.engine, "cost_model", lambda: seen.append(torch.get_num_threads()))
+    app.main(["--port", "0", *flag])
+    loaded.scheduler.call(lambda: None)
+    expected = 1 if measured else 2
+    assert seen == [expected]
+    out = capsys.readouterr().out
+    if measured:
+        assert "torch threads: 1 (measured forwards: 16 tokens 4.0 ms on one against 5.0 on 2, 64 tokens 10.0 ms" in out
+    else:
+        assert "torch threads: 2 (--threads)" in out
+    loaded.scheduler.close()

@@ -170,3 +170,58 @@ def test_forward_curve_is_the_nearest_nondecreasing_fit():
     ys = [1.0, 1.4, 1.2, 1.9, 1.7, 1.8, 2.5]
     fit = _nondecreasing(ys)
     assert all(a <= b for a, b in zip(fit, fit[1:])) and sum(fit) == pytest.approx(sum(ys))  # means kept
+
+
+def _threads_timed(one: float, many: float):
+    """A `_timed` that runs nothing and reports `one` s on one thread, `many` s on more."""
+    import torch
+
+    return lambda fn: one if torch.get_num_threads() == 1 else many
+
+
+@pytest.mark.parametrize("one,many,chosen", [(0.011, 0.010, 1), (0.0124, 0.010, 1), (0.013, 0.010, 2), (0.019, 0.010, 2)])
+def test_serving_threads_keeps_one_thread_only_within_its_margin(loaded, monkeypatch, one, many, chosen):
+    """One thread is chosen where its forwards take at most 1.25x the default count's (here 2), and the
+    caller's count is the same afterwards (the caller sets the choice)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        monkeypatch.setattr(cost_mod, "_timed", _threads_timed(one, many))
+        count, timed = cost_mod.serving_threads(loaded.engine.target, reps=2)
+        assert count == chosen
+        assert torch.get_num_threads() == 2
+        assert timed["default"] == 2 and timed["ms"][1][64] == pytest.approx(one * 1e3)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_serving_threads_on_a_real_forward(loaded):
+    """Measured for real: one of the two counts, each size timed on both, in well under a second."""
+    import time
+
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        t0 = time.perf_counter()
+        count, timed = cost_mod.serving_threads(loaded.engine.target, reps=3)
+        assert time.perf_counter() - t0 < 5.0
+        assert count in (1, 2) and set(timed["ms"]) == {1, 2} and set(timed["ms"][1]) == {16, 64}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_serving_threads_measures_nothing_with_one_thread(loaded, monkeypatch):
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        monkeypatch.setattr(cost_mod, "_timed", lambda fn: pytest.fail("measured with a single thread"))
+        assert cost_mod.serving_threads(loaded.engine.target) == (1, {})
+    finally:
+        torch.set_num_threads(before)
