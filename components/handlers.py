@@ -79,6 +79,7 @@ class Handlers(RoundViews, SamplerView, RaceView):
         self.sampler_top = sampler_top
         self.streaming = 0  # Generate runs streaming now: their updates share one budget (Throttle's scale)
         self._streaming_lock = threading.Lock()
+        self._blank: dict | None = None  # the blank views, serialized once (`_blank_views`)
         self.tree_choices = tree_choices(self.gate.info)
         self.model_line = model_line(self.gate.info, loaded.name)
 
@@ -148,6 +149,7 @@ class Handlers(RoundViews, SamplerView, RaceView):
             tree_due, charts_due = Throttle(self.figure_interval, share), Throttle(self.chart_interval, share)
             text_due = Throttle(self.text_interval, share, first=True)  # the first token goes out at once
             text_html, prev, ev = prompt_html(prompt), None, None
+            shown = self._blank_views()  # what this run's stream shows in each view until it is drawn
             try:
                 while True:
                     new, _ = self.gate.step(stream)  # `run.record` has already stored it
@@ -158,8 +160,8 @@ class Handlers(RoundViews, SamplerView, RaceView):
                     prev = ev.params
                     if text_due():
                         draw = tree_due()  # the tree, and the sampler view at the newest token (one forward)
-                        sampler = self._run_sampler(session, run, session.live) if draw else gr.skip()
-                        yield self._updates(run, ev, text_html, draw, charts_due(), sampler)
+                        sampler = self._run_sampler(session, run, session.live) if draw else None
+                        yield self._updates(run, ev, text_html, draw, charts_due(), sampler, shown)
             finally:
                 with self._streaming_lock:
                     self.streaming -= 1
@@ -170,26 +172,50 @@ class Handlers(RoundViews, SamplerView, RaceView):
             req.cancelled = run.stopped and ev.finished is None  # Stop (or a newer run) ended it early
             # The final update carries every figure, the most instructive round, and the sampler view.
             yield self._updates(run, ev, text_html, True, True, self._run_sampler(session, run, session.live),
-                                final=True)
+                                shown, final=True)
+
+    def _blank_views(self) -> dict:
+        """A run's views before it draws them: blank figures (the last run's belong to it), round 0 on the
+        slider, the sampler view as it is (None: gr.skip(), until the run draws it).
+
+        A streamed update re-sends every view that is not due with the value it last sent, rather than
+        gr.skip(): Gradio 6 handles each skipped output by building a new component from the output's
+        constructor arguments and rebuilding its config, pydantic JSON schema included (measured: 7.3 ms
+        of the server's event loop for an update skipping 8 views, 1.3 ms re-sending them). An unchanged
+        value is an empty diff on the wire, and figures go as `plots.plot_data`, serialized once. The
+        event loop shares the GIL with the scheduler's thread, so under load its time is decoding time.
+        """
+        if self._blank is None:
+            busy = "Drawn every few seconds while several runs share the server, and when this run ends."
+            self._blank = {"tree": plots.plot_data(plots.empty_figure(busy, 380)),
+                           "charts": tuple(plots.plot_data(f([])) for f in (plots.accepted_length_figure,
+                                                                             plots.depth_acceptance_figure,
+                                                                             plots.throughput_figure))}
+        return {"tree": self._blank["tree"], "slider": 0, "range": round_slider(None, 0), "info": "", "style": "",
+                "charts": self._blank["charts"], "sampler": None}
 
     def _updates(self, run: Run, ev: RoundEvent, text_html: str, tree: bool, charts: bool, sampler,
-                 final: bool = False) -> tuple:
+                 shown: dict, final: bool = False) -> tuple:
+        """One streamed update: what is due drawn anew, every other view re-sent as `shown` holds it."""
         stopped = run.stopped and ev.finished is None
         stats = stats_markdown(summarize(run.events), stopped=stopped or run.done)
-        sk = gr.skip()
-        tree_out = (sk, sk, sk, sk)
         if tree:
             if final:  # after the run: the round most worth a look, not simply the last one
-                shown = run.events[instructive_round(run.events)]
+                at = run.events[instructive_round(run.events)]
             else:  # live: the newest round that verified a tree (the last rounds can be plain)
-                shown = next((e for e in reversed(run.events) if e.nodes), ev)
-            tree_out = (plots.tree_figure(shown), round_slider(run, shown.index), round_markdown(shown),
-                        highlight_css(shown.index))
-        charts_out = (sk, sk, sk)
+                at = next((e for e in reversed(run.events) if e.nodes), ev)
+            shown.update(tree=plots.plot_data(plots.tree_figure(at)), slider=at.index, range=round_slider(run, at.index),
+                         info=round_markdown(at), style=highlight_css(at.index))
         if charts:
-            charts_out = (plots.accepted_length_figure(run.events), plots.depth_acceptance_figure(run.events),
-                          plots.throughput_figure(run.events))
-        return (text_html, stats, *tree_out[:3], *charts_out, sampler, tree_out[3], self._json(run, ev, stopped))
+            shown["charts"] = tuple(plots.plot_data(f(run.events)) for f in (
+                plots.accepted_length_figure, plots.depth_acceptance_figure, plots.throughput_figure))
+        if sampler is not None:
+            shown["sampler"] = plots.plot_data(sampler)
+        slider = shown["slider"] if shown["range"] is None else shown["range"]  # a new range goes once
+        shown["range"] = None
+        views = (shown["tree"], slider, shown["info"], *shown["charts"],
+                 gr.skip() if shown["sampler"] is None else shown["sampler"], shown["style"])
+        return (text_html, stats, *views, self._json(run, ev, stopped))
 
     def stop(self, session: Session) -> None:
         """Stop the session's running generation or race; it ends before its next round."""

@@ -262,6 +262,16 @@ def plain_event(index: int) -> RoundEvent:
                       False, {"forward": 5.0, "total": 5.0}, index + 1)
 
 
+def figure(value):
+    """A figure the handlers streamed (`plots.plot_data`, serialized for Gradio) as a Plotly figure again."""
+    import json
+
+    import plotly.graph_objects as go
+    from gradio.components.plot import PlotData
+
+    return go.Figure(json.loads(value.plot)) if isinstance(value, PlotData) else value
+
+
 def by_name(fig) -> dict:
     """A figure's traces by name."""
     return {t.name: t for t in fig.data}

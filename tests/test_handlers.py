@@ -8,7 +8,7 @@ import pytest
 import specdec
 from components.handlers import Handlers
 from components.session import Session
-from conftest import CONTROLS, chat_loaded, race_controls
+from conftest import CONTROLS, chat_loaded, figure, race_controls
 
 
 def test_handler_generate_matches_the_library(handlers):
@@ -18,7 +18,8 @@ def test_handler_generate_matches_the_library(handlers):
     final = updates[-1][-1]
     assert final["text"] == ref.text and final["finished"] == "length"
     assert [u[-1]["round"] for u in updates[:-1]] == list(range(len(ref.rounds)))
-    assert isinstance(updates[-1][2], go.Figure) and isinstance(updates[-1][8], go.Figure)  # tree, sampler
+    assert "Round" in figure(updates[-1][2]).layout.title.text  # the tree
+    assert figure(updates[-1][8]).layout.title.text.startswith("Next token")  # the sampler view
     assert session.run.done and len(session.run.events) == len(ref.rounds)
     fig, info, event, _, style = handlers.show_round(1, session)
     assert 'data-round="1"' in style
@@ -60,7 +61,7 @@ def test_fast_rounds_are_batched_into_fewer_updates(handlers):
     updates = list(batched.generate("def f(x):", *{**CONTROLS, "max_new_tokens": 12}.values(), Session()))
     assert len(updates) == 2  # the first round, then the final update with everything
     assert updates[-1][-1]["new_tokens"] == 12 and updates[-1][0].count("sd-tok") == 12
-    assert isinstance(updates[0][2], go.Figure)  # figures come with the first update too
+    assert figure(updates[0][2]).layout.title.text.startswith("Round ")  # figures come with the first update too
 
 
 def test_handler_lookup_settings_and_errors(handlers):
@@ -133,12 +134,12 @@ def test_final_update_shows_the_most_instructive_round_and_the_sampler_follows(h
                                                              "tree": "default"}.values(), session))
     final = updates[-1]
     best = instructive_round(session.run.events)
-    assert final[2].layout.title.text.startswith(f"Round {best}:") and f"**Round {best}**" in final[4]
+    assert figure(final[2]).layout.title.text.startswith(f"Round {best}:") and f"**Round {best}**" in final[4]
     assert f'data-round="{best}"' in final[9]
     # the sampler view sits at the run's last token, starred
     ids = session.run.token_ids
-    assert f"Next token #{len(session.run.prompt_ids) + len(ids) - 1}" in final[8].layout.title.text
-    assert any(t.startswith("★") for t in final[8].layout.yaxis.ticktext)
+    assert f"Next token #{len(session.run.prompt_ids) + len(ids) - 1}" in figure(final[8]).layout.title.text
+    assert any(t.startswith("★") for t in figure(final[8]).layout.yaxis.ticktext)
     # after Clear it is back after the prompt
     cleared = handlers.clear("def fibonacci(n):", 0.0, 0, 1.0, 0.0, "lossless", False, session)
     assert "next token after the prompt" in cleared[8].layout.title.text
