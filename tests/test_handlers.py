@@ -161,3 +161,29 @@ def test_model_line_says_what_runs(loaded_llama):
     half = model_line({**info, "heads_dtype": "float16"}, "tiny")
     assert "Medusa heads (float16 projections)" in half  # the app says when the heads run narrower
     assert "projections" not in model_line({**info, "heads_dtype": info["dtype"]}, "tiny")
+
+
+def test_streamed_updates_resend_the_views_they_do_not_redraw(handlers):
+    """Between two draws an update re-sends each view's last value, the same object (an empty diff for
+    Gradio), never gr.skip(), which costs Gradio a component rebuild per output and update; the slider's
+    range goes once per draw, then its value alone."""
+    h = Handlers(handlers.loaded, figure_interval=60.0, text_interval=0.0)
+    session = Session()
+    updates = list(h.generate("def f(x):", *{**CONTROLS, "max_new_tokens": 12}.values(), session))
+    assert len(updates) >= 4
+    streamed = updates[:-1]
+    skip = gr.skip()
+    assert not any(v == skip for u in streamed for v in u)
+    first, rest = streamed[0], streamed[1:]
+    assert isinstance(first[3], gr.Slider)  # drawn at once for a lone run: the range, then the value
+    for u in rest:
+        assert all(u[i] is first[i] for i in (2, 5, 6, 7, 8))  # tree, three charts, sampler: not rebuilt
+        assert u[3] == first[3].constructor_args["value"] and u[4] is first[4] and u[9] is first[9]
+    # a run that has drawn nothing yet shows blank views, not the previous run's
+    busy = Handlers(handlers.loaded, figure_interval=60.0, chart_interval=60.0, text_interval=0.0)
+    busy.streaming = 3  # other runs stream: the views wait for their share of the budget
+    gen = busy.generate("def f(x):", *{**CONTROLS, "max_new_tokens": 12}.values(), Session())
+    u = next(gen)
+    assert "several runs share the server" in figure(u[2]).layout.annotations[0].text
+    assert u[8] == skip  # the sampler view is not the run's own until it draws it
+    gen.close()
