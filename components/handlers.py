@@ -137,7 +137,7 @@ class Handlers(RoundViews, SamplerView, RaceView):
                                           acceptance, speculative, lookup, lookup_mode, chat)
             run = session.start_run(prompt, ids, settings, chat=chat)
             try:
-                stream = self.gate.stream(settings.request(ids, session.live_params),
+                stream = self.gate.stream(settings.request(ids, session.live_params, last_law=self.sampler_top),
                                           on_round=[run.record, req.on_round, *self.on_round],
                                           should_stop=session.should_stop(run))
             except gr.Error:

@@ -52,11 +52,14 @@ class SamplerView:
         return self._sampler_figure(session, ids, view, "next token after the prompt")
 
     def _sampler_figure(self, session: Session, ids: list[int], settings: Settings, note: str,
-                        emitted: int | None = None, emitted_prob: float | None = None):
+                        emitted: int | None = None, emitted_prob: float | None = None, rows: list | None = None):
+        """`rows`: the law after `ids` when the caller already has it; else one forward (cached per session)."""
         params = settings.sampling_params()
         key = (tuple(ids), tuple(sorted(params.to_dict().items())))
         cache = session.sampler_cache
-        if cache is None or cache[0] != key:
+        if rows is not None:
+            cache = session.sampler_cache = (key, rows)
+        elif cache is None or cache[0] != key:
             cache = session.sampler_cache = (key, self.gate.sampler_rows(ids, params, self.sampler_top))
         return plots.sampler_figure(cache[1], self.gate.token_text, params.to_dict(), len(ids), note, emitted,
                                     emitted_prob)
@@ -69,4 +72,9 @@ class SamplerView:
         ids = run.prompt_ids + run.token_ids[:-1]
         note = (f"where the run's token {len(run.token_ids)} was drawn; the sliders filter the next rounds"
                 if not run.done else f"where the run's last token ({len(run.token_ids)}) was drawn")
-        return self._sampler_figure(session, ids, settings, note, last.token_id, last.target_prob)
+        # A finished run's last event carries that law, read from its round's own forward (`last_law`),
+        # when it was drawn under the sliders' settings: no forward between two of the batch's rounds.
+        end, now = run.events[-1], settings.sampling_params().to_dict()
+        same = {k: v for k, v in end.params.items() if k != "seed"} == {k: v for k, v in now.items() if k != "seed"}
+        rows = end.extra.get("last_law") if end.finished and same else None  # the seed changes no law
+        return self._sampler_figure(session, ids, settings, note, last.token_id, last.target_prob, rows)

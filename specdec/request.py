@@ -49,6 +49,9 @@ class GenerationRequest:
     lookup: prompt-lookup tokens drafted per round (0 = off).
     lookup_ngram: the longest suffix n-gram matched against the context.
     lookup_mode: "first" (a round with a match drafts the chain alone) or "merge" (into the heads' tree).
+    last_law: with the finished event (`extra["last_law"]`), the law the last token was drawn from, as
+        `sampler.filter_stages` rows for its `last_law` likeliest tokens, read from that round's own
+        forward (0 = none). The app's sampler view shows it instead of running a forward of its own.
     """
 
     prompt_ids: tuple[int, ...]
@@ -61,6 +64,7 @@ class GenerationRequest:
     lookup: int = 0
     lookup_ngram: int = 3
     lookup_mode: str = "first"
+    last_law: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", _prompt_ids(self.prompt_ids))
@@ -79,6 +83,9 @@ class GenerationRequest:
             raise ValueError(f"`lookup_ngram` must be an integer in [1, {MAX_LOOKUP_NGRAM}], got {self.lookup_ngram!r}")
         if self.lookup_mode not in LOOKUP_MODES:
             raise ValueError(f"`lookup_mode` must be one of {LOOKUP_MODES}, got {self.lookup_mode!r}")
+        if not _is_int(self.last_law) or self.last_law < 0:
+            raise ValueError(f"`last_law` must be an integer >= 0 (rows of the last token's law; 0 = none), "
+                             f"got {self.last_law!r}")
         eos = self.eos_token_id
         if not (eos is None or eos == "auto" or _is_int(eos)
                 or (isinstance(eos, Iterable) and not isinstance(eos, str) and all(_is_int(e) for e in eos))):
