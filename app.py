@@ -173,10 +173,11 @@ def serving_threads(loaded: specdec.Loaded, requested: int | str) -> str:
         return ""
     if requested == "auto":
         count, timed = on_fresh_thread(serving_threads_measured, loaded.engine.target)
-        ms = timed.get("ms", {})
-        why = ", ".join(f"{n} tokens {ms[1][n]:.1f} ms on one against {ms[count_all][n]:.1f} on {count_all}"
-                        for count_all in [timed.get("default")] if ms for n in ms[1])
-        line = f"torch threads: {count} (measured forwards: {why})" if why else f"torch threads: {count}"
+        line = f"torch threads: {count}"
+        if timed:  # nothing was timed where torch already had one thread
+            ms, default = timed["ms"], timed["default"]
+            line += " (measured forwards: " + ", ".join(
+                f"{n} tokens {ms[1][n]:.1f} ms on one against {ms[default][n]:.1f} on {default}" for n in ms[1]) + ")"
     else:
         count, line = requested, f"torch threads: {requested} (--threads)"
     torch.set_num_threads(count)
