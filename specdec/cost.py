@@ -327,27 +327,22 @@ def fastest_projection_dtype(target: "TargetModel", heads: "MedusaHeads", reps: 
         if batch is not None:
             (heads(batch, roots) if heads.config.root_token else heads(batch)).float().argmax(-1).tolist()
 
+    def trial(ws: list[torch.Tensor]) -> float:
+        heads.use_projection_weights(ws)
+        a_round()
+        return _timed(project)
+
     saved = heads.projection_weights()
-    times: dict[torch.dtype, list[float]] = {}
-    deadline = time.perf_counter() + budget_s
     try:
         weights = {d: [w.to(d) for w in saved] if d != own else saved
                    for d in (own, torch.bfloat16, torch.float16) if d.itemsize <= own.itemsize}
-        for rep in range(reps + 1):  # interleaved, so a busy moment hits every candidate alike
-            for dtype, ws in weights.items():
-                heads.use_projection_weights(ws)
-                a_round()
-                t = _timed(project)
-                if rep:  # the first pass warms up
-                    times.setdefault(dtype, []).append(t)
-            if rep >= 2 and time.perf_counter() > deadline:
-                break
+        times = _interleaved({d: (lambda ws=ws: trial(ws)) for d, ws in weights.items()}, reps, budget_s)
     except RuntimeError:  # a dtype this build cannot multiply in: keep the heads' own
         return own
     finally:
         heads.use_projection_weights(saved)
-    best = min(times, key=lambda d: statistics.median(times[d]))
-    return best if statistics.median(times[best]) < margin * statistics.median(times[own]) else own
+    best = min(times, key=times.get)
+    return best if times[best] < margin * times[own] else own
 
 
 @torch.inference_mode()
@@ -363,20 +358,17 @@ def packed_rows_pay(target: "TargetModel", rows: int = 8, reps: int = 12, margin
         return False
     ids = torch.arange(rows, device=target.device) % target.vocab_size
     candidate = packed.PackedProjection(target.lm_head)
-    times: dict[str, list[float]] = {"own": [], "packed": []}
-    deadline = time.perf_counter() + budget_s
+
+    def trial(project) -> float:  # right after a forward, as verification runs (the warm-up packs the weight)
+        hidden = target.forward(ids, kv_cache.new_cache(target.model))  # [rows, H]
+        return _timed(lambda: project(hidden).argmax(-1).tolist())
+
     try:
-        for rep in range(reps + 1):
-            for name, project in (("own", target.lm_head), ("packed", candidate)):
-                hidden = target.forward(ids, kv_cache.new_cache(target.model))  # [rows, H]
-                t = _timed(lambda: project(hidden).argmax(-1).tolist())
-                if rep:  # the first pass warms up (and packs the weight)
-                    times[name].append(t)
-            if rep >= 2 and time.perf_counter() > deadline:
-                break
+        times = _interleaved({"own": lambda: trial(target.lm_head), "packed": lambda: trial(candidate)}, reps,
+                             budget_s)
     except RuntimeError:  # this build's oneDNN refuses the product: keep the model's own
         return False
-    return statistics.median(times["packed"]) < margin * statistics.median(times["own"])
+    return times["packed"] < margin * times["own"]
 
 
 @torch.inference_mode()
@@ -393,32 +385,42 @@ def serving_threads(target: "TargetModel", tokens: tuple[int, ...] = (16, 64), r
     the CPU time (BENCHMARKS.md, twelfth session). Hence a margin of 25%. A model whose forward is
     compute-bound (a second thread nearly halves it) keeps every thread.
 
-    Timed interleaved (default count, then one, per pass) for up to `reps` passes or `budget_s`, on
-    the calling thread, whose count is restored. Run it on a thread that then ends
+    Timed interleaved (`_interleaved`) on the calling thread, whose count is restored. Run it on a thread that then ends
     (`threads.on_fresh_thread`), before the scheduler's thread runs its first op: a thread keeps
     the count it started with.
     """
     default = torch.get_num_threads()
     if target.device.type != "cpu" or default <= 1:
         return default, {}
-    batches = {n: torch.arange(n, device=target.device) % target.vocab_size for n in tokens}
-    times: dict[tuple[int, int], list[float]] = {}
-    deadline = time.perf_counter() + budget_s
+    def trial(count: int, n: int) -> float:
+        torch.set_num_threads(count)
+        ids = torch.arange(n, device=target.device) % target.vocab_size
+        return _timed(lambda: target.forward(ids, kv_cache.new_cache(target.model)))
+
     try:
-        for rep in range(reps + 1):
-            for count in (default, 1):
-                torch.set_num_threads(count)
-                for n, ids in batches.items():
-                    t = _timed(lambda: target.forward(ids, kv_cache.new_cache(target.model)))
-                    if rep:  # the first pass warms up
-                        times.setdefault((count, n), []).append(t)
-            if rep >= 2 and time.perf_counter() > deadline:
-                break
+        times = _interleaved({(c, n): (lambda c=c, n=n: trial(c, n)) for c in (default, 1) for n in tokens},
+                             reps, budget_s)
     finally:
         torch.set_num_threads(default)
-    ms = {count: {n: round(statistics.median(times[count, n]) * 1e3, 3) for n in tokens} for count in (default, 1)}
+    ms = {count: {n: round(times[count, n] * 1e3, 3) for n in tokens} for count in (default, 1)}
     slowest = max(ms[1][n] / ms[default][n] for n in tokens)  # one thread's worst size, as a share of the default's
     return (1 if slowest <= margin else default), {"default": default, "ms": ms}
+
+
+def _interleaved(trials: dict, reps: int, budget_s: float) -> dict:
+    """The median seconds of each trial (a callable that returns the seconds it timed), run in turns, so
+    a busy moment hits every candidate alike: a warm-up pass, then up to `reps` passes, stopping after
+    `budget_s` once two have run."""
+    times: dict = {key: [] for key in trials}
+    deadline = time.perf_counter() + budget_s
+    for rep in range(reps + 1):
+        for key, trial in trials.items():
+            t = trial()
+            if rep:  # the first pass warms up
+                times[key].append(t)
+        if rep >= 2 and time.perf_counter() > deadline:
+            break
+    return {key: statistics.median(ts) for key, ts in times.items()}
 
 
 def _nondecreasing(ys: list[float]) -> list[float]:
