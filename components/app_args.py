@@ -39,12 +39,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.max_batch_size < 1:
         p.error(f"--max-batch-size must be >= 1, got {args.max_batch_size}")
     if args.threads != "auto":
-        try:
-            args.threads = int(args.threads)
-        except ValueError:
-            args.threads = 0
+        given = args.threads
+        args.threads = int(given) if given.strip().lstrip("-").isdigit() else 0
         if args.threads < 1:
-            p.error(f"--threads must be 'auto' or an integer >= 1, got {args.threads!r}")
+            p.error(f"--threads must be 'auto' or an integer >= 1, got {given!r}")
     if not 0 <= args.chaos <= 1:
         p.error(f"--chaos must be in [0, 1], got {args.chaos}")
     if args.prefix_cache_mb <= 0:

@@ -82,7 +82,7 @@ def test_threads_flag():
 def test_bad_threads_are_named(value, capsys):
     with pytest.raises(SystemExit):
         parse_args(["--threads", value])
-    assert "--threads must be 'auto' or an integer >= 1" in capsys.readouterr().err
+    assert f"--threads must be 'auto' or an integer >= 1, got '{value}'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag,measured", [([], True), (["--threads", "2"], False)])
