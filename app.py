@@ -18,11 +18,12 @@ import torch
 
 import specdec
 from components import Handlers, Session, Settings, layout, plots, serving
-from components.app_args import parse_args, prefix_cache
+from components.app_args import engine_process_on, parse_args, prefix_cache_bytes
 from components.texts import API, SCROLL_TO_RACE_JS
 from specdec.batch import FaultHook, chaos
-from specdec.cost import serving_threads as serving_threads_measured
-from specdec.threads import on_fresh_thread
+from specdec import engine_process
+from specdec.prefix_cache import PrefixCache
+from specdec.threads import serving_threads
 from specdec.metrics import Metrics
 
 STATIC = Path(__file__).resolve().parent / "assets" / "static"
@@ -165,45 +166,32 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
     return demo
 
 
-def serving_threads(loaded: specdec.Loaded, requested: int | str) -> str:
-    """Set torch's intra-op threads for serving on a CPU (`requested`: a count, or "auto" to measure,
-    `specdec.cost.serving_threads`); a line saying what was chosen and why. Before the scheduler's
-    thread runs its first op, which keeps the count it starts with."""
-    if loaded.device.type != "cpu":
-        return ""
-    if requested == "auto":
-        count, timed = on_fresh_thread(serving_threads_measured, loaded.engine.target)
-        line = f"torch threads: {count}"
-        if timed:  # nothing was timed where torch already had one thread
-            ms, default = timed["ms"], timed["default"]
-            line += " (measured forwards: " + ", ".join(
-                f"{n} tokens {ms[1][n]:.1f} ms on one against {ms[default][n]:.1f} on {default}" for n in ms[1]) + ")"
-    else:
-        count, line = requested, f"torch threads: {requested} (--threads)"
-    torch.set_num_threads(count)
-    return line
-
-
 def main(argv=None) -> None:
     args = parse_args(argv)
+    remote = engine_process_on(args)
     try:
-        loaded = specdec.load(args.model, heads=args.heads, device=args.device, dtype=args.dtype,
-                              prefix_cache=prefix_cache(args), max_batch_size=args.max_batch_size)
+        if remote:  # the model and its scheduler in their own process: no GIL shared with Gradio's Python
+            loaded = engine_process.start(threads=args.threads, model=args.model, heads=args.heads, device=args.device,
+                                          dtype=args.dtype, prefix_cache=prefix_cache_bytes(args),
+                                          max_batch_size=args.max_batch_size)
+            line = loaded.threads
+        else:
+            cache = prefix_cache_bytes(args)
+            loaded = specdec.load(args.model, heads=args.heads, device=args.device, dtype=args.dtype,
+                                  prefix_cache=None if cache is None else PrefixCache(max_bytes=cache),
+                                  max_batch_size=args.max_batch_size)
+            line = serving_threads(loaded, args.threads)
     except ValueError as e:  # a model or heads specdec refuses, with the reason: a message, not a traceback
         raise SystemExit(f"error: {e}") from None
-    if loaded.device.type == "cuda":
-        # cuDNN attention builds a plan for every new (query, cache) length: measured on an H200,
-        # it made a user's first 128-token run 10.3 s instead of 4.0 s. The other SDPA kernels don't.
-        torch.backends.cuda.enable_cudnn_sdp(False)
-    line = serving_threads(loaded, args.threads)
-    if line:
-        print(line, flush=True)
+    print(f"engine: {'its own process' if remote else 'in the server process'}" + (f"; {line}" if line else ""),
+          flush=True)
     metrics = Metrics()  # one registry per app; served at /metrics
     demo = build_demo(loaded, max_prompt_tokens=args.max_prompt_tokens, queue_size=args.queue_size, metrics=metrics,
                       fault_hook=chaos(args.chaos) if args.chaos else None)
-    # The dynamic tree's cost model is measured on first use (about a second on a CPU): measure it now, on
-    # the scheduler's thread, while the server starts, not in the first visitor's first request.
-    loaded.scheduler.call_soon(loaded.engine.cost_model)
+    if not remote:  # (the engine's process measures it as its scheduler starts)
+        # The dynamic tree's cost model is measured on first use (about a second on a CPU): measure it now, on
+        # the scheduler's thread, while the server starts, not in the first visitor's first request.
+        loaded.scheduler.call_soon(loaded.engine.cost_model)
     demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs(metrics))
 
 

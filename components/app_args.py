@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 
 import specdec
@@ -29,6 +30,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", default=os.environ.get("SPECDEC_THREADS", "auto"),
                    help="torch intra-op threads on a CPU: 'auto' (default: one where one runs the model's forwards "
                         "within 25%% of all of them, measured at start; the web server needs the other cores) or a count")
+    p.add_argument("--engine-process", default=os.environ.get("SPECDEC_ENGINE_PROCESS", "auto"),
+                   choices=("auto", "on", "off"),
+                   help="run the model and its scheduler in their own process, so the web server's Python does not "
+                        "share a GIL with the rounds ('auto', the default: on a CPU; not under ZeroGPU, whose "
+                        "spaces.GPU needs the model in the handler's process)")
     p.add_argument("--chaos", type=float, default=0.0, metavar="FRACTION",
                    help="testing only: make about this fraction of requests fail mid-stream (loadtest.py --chaos)")
     args = p.parse_args(argv)
@@ -50,5 +56,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def prefix_cache_bytes(args: argparse.Namespace) -> int | None:
+    """The prefix cache's budget in bytes (None: no cache)."""
+    return None if args.no_prefix_cache else int(args.prefix_cache_mb * 2**20)
+
+
 def prefix_cache(args: argparse.Namespace) -> PrefixCache | None:
-    return None if args.no_prefix_cache else PrefixCache(max_bytes=int(args.prefix_cache_mb * 2**20))
+    cache = prefix_cache_bytes(args)
+    return None if cache is None else PrefixCache(max_bytes=cache)
+
+
+def engine_process_on(args: argparse.Namespace) -> bool:
+    """Whether the app serves from an engine process: `--engine-process`, where "auto" is on for a CPU
+    (measured there, BENCHMARKS.md) and off on CUDA (not measured yet) and under ZeroGPU."""
+    if args.engine_process != "auto":
+        return args.engine_process == "on"
+    if importlib.util.find_spec("spaces") is not None:  # ZeroGPU: spaces.GPU runs the handler, model and all
+        return False
+    import torch
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device).type == "cpu"

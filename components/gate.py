@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from specdec import Engine, GenerationRequest, RequestFailed, RoundEvent, SamplingParams, Scheduler
+from specdec.engine_process import RemoteModel
 
 from .updates import user_error
 
@@ -83,3 +84,48 @@ class ModelGate:
     def device_name(self) -> str:
         kind = self.info["device_type"]
         return {"cpu": "CPU", "cuda": "GPU"}.get(kind, kind)
+
+
+class RemoteGate(ModelGate):
+    """The same gate over a model served by its own process (`specdec.engine_process`): there the scheduler's
+    thread already runs every call between two rounds, so a race lane's round and the sampler view's forward
+    are messages, and a lane's seconds are its round's own time there, not the message's."""
+
+    def __init__(self, loaded: RemoteModel) -> None:
+        self.engine = loaded.engine
+        self.scheduler = loaded.scheduler
+        self.info = loaded.engine._info  # plain values, as the engine's process reported them at load
+
+    def stream(self, request: GenerationRequest, solo: bool = False, **callbacks):
+        try:
+            if solo:
+                return _Solo(self.engine.stream(request, **callbacks))
+            return iter(self.scheduler.submit(request, **callbacks))
+        except ValueError as e:
+            raise user_error(e) from None
+
+    def step(self, stream) -> tuple[RoundEvent | None, float]:
+        if not isinstance(stream, _Solo):
+            return super().step(stream)
+        try:
+            return stream.stream.timed_next()
+        except (ValueError, RequestFailed) as e:
+            raise user_error(e) from None
+
+    def close(self, stream) -> None:
+        if isinstance(stream, _Solo):
+            stream.stream.close()
+        else:
+            stream.close()
+
+    def sampler_rows(self, ids: list[int], params: SamplingParams, top: int) -> list[dict]:
+        ctx = self.info["context"]
+        ids = ids[-(ctx - 1):] if ctx else ids
+        return self.engine.sampler_rows(ids, params, top)
+
+
+def open_gate(loaded) -> ModelGate:
+    """The gate for a model loaded here (`specdec.load`) or served by its own process (`engine_process.start`)."""
+    if isinstance(loaded, RemoteModel):
+        return RemoteGate(loaded)
+    return ModelGate(loaded.engine, loaded.scheduler)

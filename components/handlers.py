@@ -19,7 +19,7 @@ from specdec.stats import accepted_by_lookup, is_lossy, summarize
 
 from . import plots
 from .compare import COMPARE_HINT, RaceView
-from .gate import ModelGate
+from .gate import open_gate
 from .replay import highlight_css, instructive_round, round_markdown
 from .round_views import RoundViews, round_slider
 from .sampler_view import SamplerView
@@ -64,7 +64,7 @@ class Handlers(RoundViews, SamplerView, RaceView):
                  on_round: Iterable[Callable[[RoundEvent], None]] = (), sampler_top: int = 20,
                  metrics: Metrics | None = None, replay_interval: float = 0.8) -> None:
         self.loaded = loaded  # for `encode` (the tokenizer and its chat template)
-        self.gate = ModelGate(loaded.engine, loaded.scheduler)  # every model call goes through the scheduler
+        self.gate = open_gate(loaded)  # every model call goes through the scheduler
         self.metrics = metrics  # the app's Prometheus metrics (Generate requests only), or None
         ctx = self.gate.info["context"]
         self.max_prompt_tokens = min(max_prompt_tokens, ctx - 2) if ctx else max_prompt_tokens

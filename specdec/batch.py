@@ -443,21 +443,26 @@ class Batch:
             self.fault_hook(m.rid, m.index, step)
 
 
-def chaos(fraction: float, at_round: int = 3) -> FaultHook:
+@dataclass(frozen=True)
+class chaos:  # noqa: N801 (used as a function: `chaos(0.25)` is a fault hook)
     """A fault hook for chaos runs: about `fraction` of requests (by id) fail in round `at_round`,
-    alternately with a simulated CUDA out-of-memory in the shared forward and an error in their verify."""
-    if not 0 < fraction <= 1:
-        raise ValueError(f"`fraction` must be in (0, 1], got {fraction!r}")
-    every = round(1 / fraction)
+    alternately with a simulated CUDA out-of-memory in the shared forward and an error in their verify.
+    A plain value, so that it can be sent to an engine process."""
 
-    def hook(rid: int, index: int, step: str) -> None:
-        if rid % every == every - 1 and index == at_round:
+    fraction: float
+    at_round: int = 3
+
+    def __post_init__(self) -> None:
+        if not 0 < self.fraction <= 1:
+            raise ValueError(f"`fraction` must be in (0, 1], got {self.fraction!r}")
+
+    def __call__(self, rid: int, index: int, step: str) -> None:
+        every = round(1 / self.fraction)
+        if rid % every == every - 1 and index == self.at_round:
             if (rid // every) % 2 == 0 and step == "forward":
                 raise torch.OutOfMemoryError("CUDA out of memory (injected by the chaos hook)")
             if (rid // every) % 2 == 1 and step == "verify":
                 raise RuntimeError("injected by the chaos hook")
-
-    return hook
 
 
 class _SharedHeads:

@@ -50,16 +50,17 @@ def test_main_measures_the_cost_model_while_the_server_starts(monkeypatch, torch
     monkeypatch.setattr(specdec, "load", lambda *a, **k: loaded)
     monkeypatch.setattr(gr.Blocks, "launch", lambda self, **kw: launched.append(kw))
     assert loaded.engine._cost is None  # nothing has asked for it yet
-    app.main(["--port", "0"])
+    app.main(["--port", "0", "--engine-process", "off"])
     assert launched
     loaded.scheduler.call(lambda: None)  # calls run in order: the warm-up has finished
     assert loaded.engine._cost is not None
     loaded.scheduler.close()
 
 
-def test_main_names_why_a_model_is_refused(monkeypatch, tmp_path):
+@pytest.mark.parametrize("where", ["off", "on"])
+def test_main_names_why_a_model_is_refused(monkeypatch, tmp_path, where):
     """A model specdec cannot run exactly (here BLOOM: ALiBi cannot take a tree mask) stops the app at
-    start-up with the reason as one line, not a traceback."""
+    start-up with the reason as one line, not a traceback: loaded here, or by the engine's process."""
     import app
     from test_target import alibi_model
 
@@ -70,7 +71,19 @@ def test_main_names_why_a_model_is_refused(monkeypatch, tmp_path):
     alibi_model("bloom").save_pretrained(tmp_path)
     AutoTokenizer.from_pretrained(Path(app.__file__).parent / "assets" / "model").save_pretrained(tmp_path)
     with pytest.raises(SystemExit, match=r"^error: BloomForCausalLM cannot verify a draft tree exactly"):
-        app.main(["--model", str(tmp_path), "--heads", "random", "--port", "0"])
+        app.main(["--model", str(tmp_path), "--heads", "random", "--port", "0", "--engine-process", where])
+
+
+def test_engine_process_flag(monkeypatch):
+    from components.app_args import engine_process_on
+
+    assert parse_args([]).engine_process == "auto"
+    assert engine_process_on(parse_args(["--engine-process", "on", "--device", "cuda"]))
+    assert not engine_process_on(parse_args(["--engine-process", "off"]))
+    assert engine_process_on(parse_args(["--device", "cpu"]))  # auto: on for a CPU
+    assert not engine_process_on(parse_args(["--device", "cuda"]))  # auto: off on CUDA (not measured there)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: object() if name == "spaces" else None)
+    assert not engine_process_on(parse_args(["--device", "cpu"]))  # auto: off under ZeroGPU
 
 
 def test_threads_flag():
@@ -99,10 +112,10 @@ def test_main_sets_the_threads_before_the_scheduler_runs(monkeypatch, capsys, to
     monkeypatch.setattr(specdec, "load", lambda *a, **k: loaded)
     monkeypatch.setattr(gr.Blocks, "launch", lambda self, **kw: None)
     timed = {"default": 2, "ms": {2: {16: 5.0, 64: 9.0}, 1: {16: 4.0, 64: 10.0}}}
-    monkeypatch.setattr(app, "serving_threads_measured", lambda target: (1, timed))
+    monkeypatch.setattr(specdec.cost, "serving_threads", lambda target: (1, timed))
     seen = []
     monkeypatch.setattr(loaded.engine, "cost_model", lambda: seen.append(torch.get_num_threads()))
-    app.main(["--port", "0", *flag])
+    app.main(["--port", "0", "--engine-process", "off", *flag])
     loaded.scheduler.call(lambda: None)
     expected = 1 if measured else 2
     assert seen == [expected]

@@ -13,6 +13,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import specdec
+from specdec import engine_process
 from conftest import APP_GREEDY, free_port
 import app
 from app import build_demo, launch_kwargs
@@ -23,14 +24,20 @@ GREEDY = APP_GREEDY
 SEEN: list[specdec.RoundEvent] = []  # every round of every Generate run, via the on_round hook
 
 
-@pytest.fixture(scope="module")
-def server():
+@pytest.fixture(scope="module", params=["in the server's process", "in its own process"])
+def server(request):
+    """The app over the model loaded here, and over the same model served by an engine process
+    (`specdec.engine_process`, what `python app.py` does on a CPU). Yields the URL and a model loaded
+    here, for the library's reference outputs."""
     loaded = specdec.load(device="cpu")
-    demo = build_demo(loaded, max_prompt_tokens=64, figure_interval=0.2, text_interval=0.0, on_round=[SEEN.append])
+    served = loaded if request.param == "in the server's process" else engine_process.start(threads=1, device="cpu")
+    demo = build_demo(served, max_prompt_tokens=64, figure_interval=0.2, text_interval=0.0, on_round=[SEEN.append])
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
                             quiet=True, **launch_kwargs())
     yield url, loaded
     demo.close()
+    if served is not loaded:
+        served.close()
 
 
 def client(url: str) -> Client:

@@ -1,0 +1,585 @@
+"""The model in its own process: the caller's Python no longer shares a GIL with the rounds.
+
+A server's Python (Gradio's event loop, the handlers, the figures) and the scheduler's rounds shared one
+GIL: on a 2-core CPU a batch-8 server's rounds took 1.7x as long per request as the engine's alone, and a
+Python thread busy 30% of the time slowed the engine by a quarter while the same work in another process
+cost it nothing (docs/serving.md). vLLM's V1 engine made the same move for the same reason.
+
+`start(...)` spawns a process that loads the model (`specdec.load`) and runs its `Scheduler`; this process
+gets a `RemoteModel` with the faces a server uses:
+- `scheduler`: `submit` / `stream` (round events in the tickets' order, callbacks run here), `stats`, `close`;
+- `engine`: `info()`, `token_text()`, `sampler_rows()` (run between two rounds), and `stream()` for a lane
+  run alone (Compare's race), each step run between two rounds there;
+- `tokenizer`, `name`, `device`, `max_batch_size`, `has_chat_template`, as `Loaded` has them.
+
+Messages are plain picklable values on one duplex pipe; one reader thread here delivers them. What the
+process boundary changes for a request, and why it stays exact:
+- `on_round` callbacks run here, on the reader thread, as each event arrives. One that raises ends its
+  request with a "callback" failure, as in the scheduler, and the others go on.
+- A live `params` callable is read here after each event and a changed value is sent on: the engine
+  reads the newest value at each round, so a change lands a round later than in-process. Every round
+  still runs under one whole `SamplingParams`, so each round's law is exact.
+- `should_stop` is read here after each event; a request asked to stop ends after the round that
+  follows (one round later than in-process).
+- The engine's process ending (killed, out of memory) fails every request in flight with a message and
+  refuses new ones; nothing waits forever.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import multiprocessing as mp
+import queue
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from typing import Callable, Iterator
+
+import torch
+
+from .batch import Failure
+from .engine import RoundEvent
+from .request import GenerationRequest
+from .scheduler import RequestFailed, SchedulerMetrics
+
+log = logging.getLogger(__name__)
+
+_END = object()
+ENGINE_GONE = "the engine's process has ended"
+
+
+# -- the engine's process -----------------------------------------------------------------------------
+class _MetricsRelay:
+    """The scheduler's metrics (batch sizes, queue waits, failures), sent to the caller's registry."""
+
+    def __init__(self, send: Callable) -> None:
+        self._send = send
+
+    def observe_batch(self, size: int) -> None:
+        self._send(("metric", "observe_batch", size))
+
+    def observe_queue_wait(self, seconds: float) -> None:
+        self._send(("metric", "observe_queue_wait", seconds))
+
+    def observe_failure(self, cause: str) -> None:
+        self._send(("metric", "observe_failure", cause))
+
+
+def _timed_next(stream) -> tuple[RoundEvent | None, float]:
+    t0 = time.perf_counter()
+    ev = next(stream, None)
+    return ev, time.perf_counter() - t0
+
+
+class _Server:
+    """The engine's side: one loop over the caller's messages; events go back from the scheduler's thread."""
+
+    def __init__(self, conn, load_kwargs: dict, threads) -> None:
+        self.conn = conn
+        self.load_kwargs = load_kwargs
+        self.threads = threads
+        self.send_lock = threading.Lock()
+        self.tickets: dict = {}
+        self.params: dict[int, object] = {}  # live requests' newest SamplingParams
+        self.stops: set[int] = set()
+        self.lanes: dict = {}
+
+    def send(self, msg) -> None:
+        with self.send_lock:
+            self.conn.send(msg)
+
+    def run(self) -> None:
+        from . import api, threads
+        from .prefix_cache import PrefixCache
+        kwargs = dict(self.load_kwargs)
+        if kwargs.get("prefix_cache") is not None:  # a budget in bytes: the cache itself lives here
+            kwargs["prefix_cache"] = PrefixCache(max_bytes=kwargs["prefix_cache"])
+        try:
+            self.loaded = api.load(**kwargs)
+        except ValueError as e:  # a model specdec refuses: the caller raises it
+            self.send(("load_error", str(e)))
+            return
+        line = threads.serving_threads(self.loaded, self.threads)
+        engine = self.loaded.engine
+        self.send(("ready", {"tokenizer": self.loaded.tokenizer, "name": self.loaded.name,
+                             "max_batch_size": self.loaded.max_batch_size, "device": str(self.loaded.device),
+                             "info": engine.info(), "threads": line}))
+        try:
+            while True:
+                try:
+                    msg = self.conn.recv()
+                except EOFError:  # the caller is gone
+                    break
+                if msg[0] == "close":
+                    break
+                try:
+                    getattr(self, "_" + msg[0])(*msg[1:])
+                except Exception:  # noqa: BLE001 (a bad message must not end the engine; calls answer in _reply)
+                    log.exception("engine process: message %r failed", msg[0])
+        finally:
+            if self.loaded.serving:
+                self.loaded.scheduler.close()
+
+    def _answer(self, cid: int, ok: bool, value) -> None:
+        try:
+            self.send(("ret", cid, ok, value))
+        except Exception as e:  # noqa: BLE001 (a value that does not pickle: the caller still gets an answer)
+            self.send(("ret", cid, False, RuntimeError(f"the engine's answer could not be sent: {e}")))
+
+    def _reply(self, cid: int, fn: Callable, *args) -> None:
+        try:
+            value = fn(*args)
+        except Exception as e:  # noqa: BLE001 (the caller raises it)
+            self._answer(cid, False, e)
+        else:
+            self._answer(cid, True, value)
+
+    def _reply_later(self, cid: int, fut: Future) -> None:
+        def done(f: Future) -> None:
+            e = f.exception()
+            self._answer(cid, e is None, f.result() if e is None else e)
+        fut.add_done_callback(done)
+
+    # -- messages ----------------------------------------------------------------------------------
+    def _serve(self, cid: int, fault_hook, metrics: bool) -> None:
+        def serve():
+            sched = self.loaded.serve(metrics=_MetricsRelay(self.send) if metrics else None, fault_hook=fault_hook)
+            sched.call_soon(self.loaded.engine.cost_model)  # measured now, not in the first request
+        self._reply(cid, serve)
+
+    def _submit(self, cid: int, rid: int, request: GenerationRequest, live: bool) -> None:
+        def submit():
+            req = request
+            if live:  # the newest value the caller sent, read once per round
+                self.params[rid] = request.params
+                req = dataclasses.replace(request, params=lambda: self.params[rid])
+            ticket = self.loaded.scheduler.submit(req, on_round=lambda ev: self.send(("ev", rid, ev)),
+                                                  should_stop=lambda: rid in self.stops)
+            self.tickets[rid] = ticket
+            threading.Thread(target=self._end_of, args=(rid, ticket), daemon=True).start()
+        self._reply(cid, submit)
+
+    def _end_of(self, rid: int, ticket) -> None:
+        ticket.done.wait()  # set after its last event went out (events are sent by the scheduler's callbacks)
+        self.send(("end", rid, ticket.failure))
+        self.tickets.pop(rid, None)
+        self.params.pop(rid, None)
+        self.stops.discard(rid)
+
+    def _params(self, rid: int, params) -> None:
+        if rid in self.params:
+            self.params[rid] = params
+
+    def _stop(self, rid: int) -> None:
+        self.stops.add(rid)
+
+    def _cancel(self, rid: int) -> None:
+        ticket = self.tickets.get(rid)
+        if ticket is not None:
+            ticket.cancel()
+
+    def _info(self, cid: int) -> None:
+        self._reply(cid, self.loaded.engine.info)
+
+    def _stats(self, cid: int) -> None:
+        self._reply(cid, self.loaded.scheduler.stats)
+
+    def _sampler_rows(self, cid: int, *args) -> None:
+        self._reply_later(cid, self.loaded.scheduler.call_soon(self.loaded.engine.sampler_rows, *args))
+
+    def _lane_open(self, cid: int, lid: int, request: GenerationRequest) -> None:
+        def open_():
+            self.lanes[lid] = self.loaded.engine.stream(request)
+        self._reply(cid, open_)
+
+    def _lane_next(self, cid: int, lid: int) -> None:
+        lane = self.lanes.get(lid)
+        if lane is None:  # closed already
+            self._answer(cid, True, (None, 0.0))
+            return
+        self._reply_later(cid, self.loaded.scheduler.call_soon(_timed_next, lane))
+
+    def _lane_close(self, lid: int) -> None:
+        lane = self.lanes.pop(lid, None)
+        if lane is not None:
+            self.loaded.scheduler.call_soon(lane.close)
+
+
+def _serve(conn, load_kwargs: dict, threads) -> None:
+    logging.basicConfig(level=logging.WARNING, format="engine: %(levelname)s %(name)s: %(message)s")
+    _Server(conn, load_kwargs, threads).run()
+
+
+# -- the caller's side --------------------------------------------------------------------------------
+class RemoteTicket:
+    """A request in the engine's process: iterate it for its events (as `scheduler.Ticket`)."""
+
+    def __init__(self, conn: "_Connection", rid: int, params, callbacks: list, should_stop) -> None:
+        self.conn = conn
+        self.rid = rid
+        self.params = params  # a live callable, or None
+        self.callbacks = callbacks
+        self.should_stop = should_stop
+        self.events: list[RoundEvent] = []
+        self.failure: Failure | None = None
+        self.done = threading.Event()
+        self._sent_params = None
+        self._stopping = False
+        self._cancelled = False
+        self._items: deque = deque()
+        self._ready = threading.Condition()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def cancel(self) -> None:
+        """Stop this request: it leaves the batch before its next round there."""
+        if not self._cancelled and not self.done.is_set():
+            self._cancelled = True
+            self.conn.post(("cancel", self.rid))
+
+    def __iter__(self) -> Iterator[RoundEvent]:
+        try:
+            while True:
+                with self._ready:
+                    while not self._items:
+                        self._ready.wait()
+                    item = self._items.popleft()
+                if item is _END:
+                    break
+                yield item
+        finally:
+            if not self.done.is_set():
+                self.cancel()  # the client stopped reading: free the slot
+        if self.failure is not None:
+            raise RequestFailed(self.failure, self.events)
+
+    def result(self, timeout: float | None = None) -> list[RoundEvent]:
+        if not self.done.wait(timeout):
+            raise TimeoutError(f"request {self.rid} still running after {timeout} s")
+        if self.failure is not None:
+            raise RequestFailed(self.failure, self.events)
+        return list(self.events)
+
+    # -- the reader thread -------------------------------------------------------------------------
+    def _put(self, item) -> None:
+        with self._ready:
+            self._items.append(item)
+            self._ready.notify()
+
+    def _deliver(self, ev: RoundEvent) -> None:
+        if self.done.is_set() or self._cancelled:
+            return
+        try:
+            for cb in self.callbacks:
+                cb(ev)
+        except Exception as e:  # noqa: BLE001 (the scheduler's rule: a callback's error ends its request)
+            self.conn.post(("cancel", self.rid))
+            self.conn.count_failure("callback")
+            self._end(Failure("callback", "on_round", ev.index, f"{type(e).__name__}: {e}"))
+            return
+        self.events.append(ev)
+        self._put(ev)
+        if ev.finished is not None:
+            return
+        try:
+            if self.params is not None:
+                now = self.params()
+                if now != self._sent_params:
+                    self._sent_params = now
+                    self.conn.post(("params", self.rid, now))
+            if self.should_stop is not None and not self._stopping and self.should_stop():
+                self._stopping = True
+                self.conn.post(("stop", self.rid))
+        except Exception as e:  # noqa: BLE001
+            self.conn.post(("cancel", self.rid))
+            self.conn.count_failure("callback")
+            self._end(Failure("callback", "params" if self.params is not None else "should_stop", ev.index,
+                              f"{type(e).__name__}: {e}"))
+
+    def _end(self, failure: Failure | None) -> None:
+        if self.done.is_set():
+            return
+        self.failure = failure
+        self.done.set()
+        self._put(_END)
+
+
+class _Connection:
+    """The pipe to the engine's process: a reader thread for what comes back, a delivery thread for events."""
+
+    def __init__(self, conn, proc) -> None:
+        self.conn = conn
+        self.proc = proc
+        self.metrics: SchedulerMetrics | None = None
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._tickets: dict[int, RemoteTicket] = {}
+        self._calls: dict[int, Future] = {}
+        self._gone = False
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._read, name="specdec-engine-reader", daemon=True).start()
+        threading.Thread(target=self._deliver, name="specdec-engine-delivery", daemon=True).start()
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def post(self, msg) -> None:
+        """Send without waiting for an answer (quietly nothing once the engine is gone)."""
+        with self._lock:
+            if self._gone:
+                return
+            try:
+                self.conn.send(msg)
+            except (OSError, EOFError, BrokenPipeError):
+                pass
+
+    def call(self, kind: str, *args, timeout: float | None = None):
+        """Send a message that answers, and return its answer (or raise what the engine raised)."""
+        cid = self.next_id()
+        fut: Future = Future()
+        with self._lock:
+            if self._gone:
+                raise RuntimeError(ENGINE_GONE)
+            self._calls[cid] = fut
+            self.conn.send((kind, cid, *args))
+        return fut.result(timeout)
+
+    def add(self, ticket: RemoteTicket) -> None:
+        with self._lock:
+            self._tickets[ticket.rid] = ticket
+
+    def drop(self, rid: int) -> None:
+        with self._lock:
+            self._tickets.pop(rid, None)
+
+    def count_failure(self, cause: str) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_failure(cause)
+
+    def _read(self) -> None:
+        """Answers and metrics are handled here; a request's events and its end go to the delivery thread
+        in order, because a callback may itself call the engine (and wait for an answer read here)."""
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                break
+            kind = msg[0]
+            if kind == "ret":
+                with self._lock:
+                    fut = self._calls.pop(msg[1], None)
+                if fut is not None:
+                    fut.set_result(msg[3]) if msg[2] else fut.set_exception(msg[3])
+            elif kind == "metric":
+                if self.metrics is not None:
+                    getattr(self.metrics, msg[1])(msg[2])
+            else:
+                self._inbox.put(msg)
+        self._lost()
+
+    def _deliver(self) -> None:
+        while True:
+            msg = self._inbox.get()
+            kind = msg[0]
+            if kind == "ev":
+                t = self._tickets.get(msg[1])
+                if t is not None:
+                    t._deliver(msg[2])
+            elif kind == "end":
+                with self._lock:
+                    t = self._tickets.pop(msg[1], None)
+                if t is not None:
+                    t._end(msg[2])
+            elif kind == "lost":
+                self._fail_all()
+                return
+
+    def _lost(self) -> None:
+        """The engine's process ended: every waiter gets an error now, and later calls are refused. Calls
+        fail here on the reader thread (a callback on the delivery thread may be waiting on one); the
+        requests fail on the delivery thread, after the events that came before."""
+        with self._lock:
+            self._gone = True
+            calls = list(self._calls.values())
+            self._calls.clear()
+        for fut in calls:
+            fut.set_exception(RuntimeError(ENGINE_GONE))
+        self._inbox.put(("lost",))
+
+    def _fail_all(self) -> None:
+        with self._lock:
+            tickets = list(self._tickets.values())
+            self._tickets.clear()
+        if tickets:
+            log.error("%s (exit code %s): failing %d requests", ENGINE_GONE, self.proc.exitcode, len(tickets))
+        for t in tickets:
+            t._end(Failure("error", "engine", len(t.events), ENGINE_GONE))
+
+    @property
+    def gone(self) -> bool:
+        return self._gone
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.post(("close",))
+        self.proc.join(timeout)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(timeout)
+        self.conn.close()
+
+
+class RemoteScheduler:
+    """The engine process's scheduler, with `Scheduler`'s face for submitting requests."""
+
+    def __init__(self, conn: _Connection, max_batch_size: int) -> None:
+        self._conn = conn
+        self.max_batch_size = max_batch_size
+
+    def submit(self, request, *fields, on_round=None, should_stop: Callable[[], bool] | None = None,
+               **named) -> RemoteTicket:
+        """Queue a request there; a request it refuses raises ValueError here, before any token."""
+        if not isinstance(request, GenerationRequest):
+            request = GenerationRequest(request, *fields, **named)
+        elif fields or named:
+            raise TypeError("pass a GenerationRequest alone, or its fields, not both")
+        live = request.params if callable(request.params) else None
+        if live is not None:  # sent as its value now; later values follow the events (RemoteTicket._deliver)
+            request = dataclasses.replace(request, params=live())
+        callbacks = [] if on_round is None else ([on_round] if callable(on_round) else list(on_round))
+        ticket = RemoteTicket(self._conn, self._conn.next_id(), live, callbacks, should_stop)
+        ticket._sent_params = request.params
+        self._conn.add(ticket)  # before the engine can send its first event
+        try:
+            self._conn.call("submit", ticket.rid, request, live is not None)
+        except BaseException:
+            self._conn.drop(ticket.rid)
+            raise
+        return ticket
+
+    def stream(self, request, *fields, on_round=None, should_stop=None, **named) -> Iterator[RoundEvent]:
+        return iter(self.submit(request, *fields, on_round=on_round, should_stop=should_stop, **named))
+
+    def stats(self) -> dict:
+        return self._conn.call("stats")
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        self._conn.close(timeout or 10.0)
+
+
+class RemoteLane:
+    """A request run alone in the engine's process (Compare's race), one round per `timed_next()`."""
+
+    def __init__(self, conn: _Connection, request: GenerationRequest,
+                 should_stop: Callable[[], bool] | None = None) -> None:
+        self._conn = conn
+        self.lid = conn.next_id()
+        self.should_stop = should_stop
+        self._open = True
+        conn.call("lane_open", self.lid, request)
+
+    def timed_next(self) -> tuple[RoundEvent | None, float]:
+        """The next round and its time there (run between two rounds of the batch), or (None, 0) at the end."""
+        if not self._open:
+            return None, 0.0
+        if self.should_stop is not None and self.should_stop():
+            self.close()
+            return None, 0.0
+        ev, secs = self._conn.call("lane_next", self.lid)
+        if ev is None:
+            self.close()
+        return ev, secs
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._conn.post(("lane_close", self.lid))
+
+
+class RemoteEngine:
+    """What a server asks of the engine itself, answered by the engine's process."""
+
+    def __init__(self, conn: _Connection, tokenizer, info: dict) -> None:
+        self._conn = conn
+        self.tokenizer = tokenizer
+        self._info = info
+        self._text_memo: dict[int, str] = {}
+
+    def info(self) -> dict:
+        """As `Engine.info()`, read now (the prefix cache's fill changes)."""
+        return self._conn.call("info")
+
+    def token_text(self, token_id: int) -> str:  # as Engine.token_text, from the same tokenizer here
+        text = self._text_memo.get(token_id)
+        if text is None:
+            text = self._text_memo[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
+    def sampler_rows(self, prompt_ids, params, top: int = 20) -> list[dict]:
+        """As `Engine.sampler_rows`, run there between two rounds."""
+        return self._conn.call("sampler_rows", list(prompt_ids), params, top)
+
+    def stream(self, request: GenerationRequest, should_stop: Callable[[], bool] | None = None) -> RemoteLane:
+        """A lane run alone (ValueError here for a request the engine refuses)."""
+        return RemoteLane(self._conn, request, should_stop)
+
+
+@dataclasses.dataclass
+class RemoteModel:
+    """`Loaded`'s face for a model served by another process (`start`)."""
+
+    tokenizer: object
+    name: str
+    device: torch.device
+    max_batch_size: int
+    engine: RemoteEngine
+    scheduler: RemoteScheduler
+    threads: str  # what the engine's process chose for torch's threads, and why
+    _conn: _Connection = dataclasses.field(repr=False)
+    serving: bool = False
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def serve(self, metrics: SchedulerMetrics | None = None, fault_hook=None) -> RemoteScheduler:
+        """Start the scheduler there: its metrics come back to `metrics`; `fault_hook` (tests) must pickle."""
+        if self.serving:
+            raise RuntimeError("this model's scheduler is already running")
+        self._conn.metrics = metrics
+        self._conn.call("serve", fault_hook, metrics is not None)
+        self.serving = True
+        return self.scheduler
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def start(threads: int | str = "auto", timeout: float = 600.0, **load_kwargs) -> RemoteModel:
+    """Load a model in a new process (`specdec.load(**load_kwargs)`; `prefix_cache` is a budget in bytes or
+    None) and return its face here. `threads`: torch's intra-op threads there (a count, or "auto":
+    `threads.serving_threads`). A model `load` refuses raises its ValueError here."""
+    ctx = mp.get_context("spawn")  # a fork would copy this process's threads and OpenMP state
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=_serve, args=(there, load_kwargs, threads), name="specdec-engine", daemon=True)
+    proc.start()
+    there.close()
+    if not here.poll(timeout):
+        proc.terminate()
+        raise RuntimeError(f"the engine's process did not load the model within {timeout:.0f} s")
+    try:
+        msg = here.recv()
+    except EOFError:
+        proc.join(5)
+        raise RuntimeError(f"the engine's process ended while loading the model (exit code {proc.exitcode})") from None
+    if msg[0] == "load_error":
+        proc.join(5)
+        raise ValueError(msg[1])
+    meta = msg[1]
+    conn = _Connection(here, proc)
+    return RemoteModel(meta["tokenizer"], meta["name"], torch.device(meta["device"]), meta["max_batch_size"],
+                       RemoteEngine(conn, meta["tokenizer"], meta["info"]),
+                       RemoteScheduler(conn, meta["max_batch_size"]), meta["threads"], conn)

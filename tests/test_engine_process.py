@@ -1,0 +1,245 @@
+"""The model served by its own process (`specdec.engine_process`): the same outputs as a model loaded here,
+live settings, Stop, cancel, faults that stay with their request, and an engine process that dies.
+
+Each engine process loads the embedded model (a few seconds), so one serves most tests here; the app over
+an engine process is tested in test_app_server.py (its server fixture runs both ways).
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import specdec
+from specdec import GenerationRequest, SamplingParams, engine_process
+from specdec.api import encode
+from specdec.batch import chaos
+from specdec.engine_process import ENGINE_GONE, RemoteTicket
+from specdec.lookup import DEFAULT_LOOKUP
+from specdec.scheduler import RequestFailed
+
+pytestmark = pytest.mark.timeout(180)
+
+PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, x):", "import os\n\ndef list_files(path):",
+           "for i in range(10):"]
+
+
+class Recorder:
+    """A SchedulerMetrics that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+        self.lock = threading.Lock()
+
+    def _add(self, name, value) -> None:
+        with self.lock:
+            self.calls.append((name, value))
+
+    def observe_batch(self, size: int) -> None:
+        self._add("batch", size)
+
+    def observe_queue_wait(self, seconds: float) -> None:
+        self._add("wait", seconds)
+
+    def observe_failure(self, cause: str) -> None:
+        self._add("failure", cause)
+
+    def named(self, name: str) -> list:
+        with self.lock:
+            return [v for n, v in self.calls if n == name]
+
+
+@pytest.fixture(scope="module")
+def here():
+    return specdec.load(device="cpu", max_batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def remote():
+    model = engine_process.start(threads=1, device="cpu", max_batch_size=4)
+    metrics = Recorder()
+    model.serve(metrics=metrics)
+    yield model, metrics
+    model.close()
+
+
+def requests(loaded) -> list[GenerationRequest]:
+    """Greedy and seeded sampling, static and dynamic trees, with and without prompt lookup."""
+    ids = [encode(loaded, p) for p in PROMPTS]
+    return [GenerationRequest(ids[0], 40, SamplingParams(), "small", True, "lossless"),
+            GenerationRequest(ids[1], 40, SamplingParams(), "auto", True, "lossless", lookup=DEFAULT_LOOKUP),
+            GenerationRequest(ids[2], 40, SamplingParams(temperature=0.7, top_p=0.9, seed=11), "auto", True,
+                              "lossless", lookup=DEFAULT_LOOKUP),
+            GenerationRequest(ids[3], 40, SamplingParams(temperature=1.0, seed=5), "small", True, "lossless"),
+            GenerationRequest(ids[0], 24, SamplingParams(temperature=0.8, top_k=20, seed=3), "auto", False)]
+
+
+def tokens(events) -> list[int]:
+    return [t.token_id for ev in events for t in ev.emitted]
+
+
+def test_outputs_equal_the_model_loaded_here_and_hf(here, remote):
+    """Every request, submitted together (so batched there), emits exactly the tokens it emits here: greedy
+    and seeded sampling alike (a seeded request's tokens do not depend on the batch: `sampler`'s
+    per-position uniforms), and greedy equals HF `generate`."""
+    model, metrics = remote
+    reqs = requests(here)
+    theirs = [model.scheduler.submit(r) for r in reqs]
+    ours = [here.scheduler.submit(r).result() for r in reqs]
+    got = [t.result(timeout=120) for t in theirs]
+    assert [tokens(e) for e in got] == [tokens(e) for e in ours]
+    assert [len(e) for e in got] == [len(e) for e in ours]  # the same rounds: the same trees were verified
+    ids = reqs[0].prompt_ids
+    import torch
+    hf = here.model.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False, eos_token_id=None)
+    assert tokens(got[0]) == hf[0, len(ids):].tolist()
+    assert max(metrics.named("batch")) > 1  # they shared rounds there
+    assert len(metrics.named("wait")) >= len(reqs)
+
+
+def test_the_comparison_catches_a_lost_event(here, remote, monkeypatch):
+    """Negative control: an event dropped on its way back (a planted bug in delivery) fails the comparison above."""
+    model, _ = remote
+    real, seen = RemoteTicket._deliver, []
+
+    def lossy(self, ev):
+        seen.append(ev.index)
+        if ev.index == 2:
+            return
+        real(self, ev)
+
+    monkeypatch.setattr(RemoteTicket, "_deliver", lossy)
+    req = requests(here)[0]
+    assert tokens(model.scheduler.submit(req).result(timeout=60)) != tokens(here.scheduler.submit(req).result())
+    assert 2 in seen
+
+
+def test_a_request_the_engine_refuses_raises_before_any_token(remote):
+    model, _ = remote
+    with pytest.raises(ValueError, match=r"`prompt_ids` must be in \[0, "):
+        model.scheduler.submit(GenerationRequest([10**6], 8))
+    assert model.scheduler.stats()["waiting"] == 0
+
+
+def test_live_settings_reach_the_engine_and_stop_ends_the_run(here, remote):
+    """A params callable is read after each event and a change is sent on: it shows in the events within two
+    rounds and stays; each round runs under one whole SamplingParams. should_stop ends the request (no
+    failure) within two rounds."""
+    model, _ = remote
+    ids = encode(here, PROMPTS[0])
+    live = {"params": SamplingParams()}
+    seen, stop = [], {"at": None}
+
+    def on_round(ev):
+        seen.append(ev)
+        if ev.index == 2:
+            live["params"] = SamplingParams(temperature=0.9, top_k=5, seed=1)
+        if ev.index == 6:
+            stop["at"] = ev.index
+
+    ticket = model.scheduler.submit(GenerationRequest(ids, 400, lambda: live["params"], "small", True, "lossless"),
+                                    on_round=on_round, should_stop=lambda: stop["at"] is not None)
+    events = ticket.result(timeout=60)
+    temps = [ev.params["temperature"] for ev in events]
+    assert temps[:3] == [0.0, 0.0, 0.0]
+    first = temps.index(0.9)
+    assert first <= 2 + 2 and all(t == 0.9 for t in temps[first:])
+    assert all(ev.params["top_k"] == 5 for ev in events[first:])
+    assert 6 < events[-1].index <= 6 + 2 and sum(len(ev.emitted) for ev in events) < 400
+    assert seen == events  # callbacks ran here, once per event, in order
+
+
+def test_closing_the_stream_frees_its_slot(here, remote):
+    model, _ = remote
+    ids = encode(here, PROMPTS[1])
+    stream = iter(model.scheduler.submit(GenerationRequest(ids, 400, SamplingParams(), speculative=False)))
+    for _ in range(3):
+        next(stream)
+    stream.close()
+    t0 = time.monotonic()
+    while model.scheduler.stats()["decoding"]:
+        assert time.monotonic() - t0 < 10, "the closed request still decodes"
+        time.sleep(0.05)
+    assert len(model.scheduler.submit(GenerationRequest(ids, 5)).result(timeout=30)) >= 1
+
+
+def test_a_callback_error_ends_its_request_alone(here, remote):
+    model, metrics = remote
+    reqs = requests(here)[:2]
+    before = metrics.named("failure").count("callback")
+
+    def boom(ev):
+        if ev.index == 2:
+            raise RuntimeError("a broken callback")
+
+    bad = model.scheduler.submit(reqs[0], on_round=boom)
+    good = model.scheduler.submit(reqs[1])
+    with pytest.raises(RequestFailed) as err:
+        bad.result(timeout=60)
+    assert err.value.failure.cause == "callback" and "a broken callback" in str(err.value)
+    assert [ev.index for ev in err.value.events] == [0, 1]  # what it had before the failure stays
+    assert tokens(good.result(timeout=60)) == tokens(here.scheduler.submit(reqs[1]).result())
+    assert metrics.named("failure").count("callback") == before + 1
+
+
+def test_sampler_rows_and_a_lane_run_alone_match_here(here, remote):
+    model, _ = remote
+    ids = encode(here, PROMPTS[2])
+    params = SamplingParams(temperature=0.7, top_p=0.9)
+    assert model.engine.sampler_rows(ids, params, 10) == here.engine.sampler_rows(ids, params, 10)
+    assert model.engine.info()["model"] == here.engine.info()["model"]
+    req = requests(here)[1]
+    lane, events = model.engine.stream(req), []
+    while True:
+        ev, secs = lane.timed_next()
+        if ev is None:
+            break
+        assert secs > 0
+        events.append(ev)
+    assert tokens(events) == tokens(list(here.engine.stream(req)))
+    stopped = model.engine.stream(req, should_stop=lambda: True)
+    assert stopped.timed_next() == (None, 0.0)
+    with pytest.raises(ValueError, match="`prompt_ids` must be in"):
+        model.engine.stream(GenerationRequest([10**6], 8))
+
+
+def test_injected_faults_stay_with_their_requests_and_a_dead_engine_fails_what_waits(here):
+    """A chaos run there (every fourth request fails in round 3): the others complete with the tokens they
+    emit here, and the failures are counted here. Then the engine's process is killed mid-request: the
+    request fails with a message, and later calls are refused, instead of waiting forever."""
+    model = engine_process.start(threads=1, device="cpu", max_batch_size=4)
+    try:
+        metrics = Recorder()
+        model.serve(metrics=metrics, fault_hook=chaos(0.25))
+        reqs = (requests(here) * 2)[:8]
+        tickets = [model.scheduler.submit(r) for r in reqs]
+        failed = []
+        for i, (t, r) in enumerate(zip(tickets, reqs)):
+            try:
+                got = t.result(timeout=120)
+            except RequestFailed as e:
+                failed.append(i)
+                assert e.failure.index == 3 and len(e.events) == 3
+                continue
+            assert tokens(got) == tokens(here.scheduler.submit(r).result()), i
+        assert failed == [3, 7]
+        assert sorted(metrics.named("failure")) == ["error", "out_of_memory"]
+        ids = encode(here, PROMPTS[0])
+        stream = iter(model.scheduler.submit(GenerationRequest(ids, 400, SamplingParams(), speculative=False)))
+        next(stream)
+        model._conn.proc.kill()
+        with pytest.raises(RequestFailed, match=ENGINE_GONE):
+            for _ in stream:
+                pass
+        with pytest.raises(RuntimeError, match=ENGINE_GONE):
+            model.scheduler.submit(GenerationRequest(ids, 4))
+        with pytest.raises(RuntimeError, match=ENGINE_GONE):
+            model.engine.info()
+    finally:
+        model.close()
+
+
+def test_a_model_the_engine_refuses_raises_here(tmp_path):
+    with pytest.raises(ValueError, match="heads"):
+        engine_process.start(threads=1, device="cpu", heads=str(tmp_path / "no-such-heads"))
