@@ -1,7 +1,8 @@
 """UI pieces for the specdec Gradio app: pure plot builders, token rendering, session state, handlers.
 
 Everything here reaches the model through the engine's narrow face (`Engine.info()`,
-`Engine.sampler_rows()`, `Engine.stream()`, wrapped by gate.ModelGate) and reads plain values only.
+`Engine.sampler_rows()`, `Engine.stream()`, wrapped by gate.ModelGate, or gate.RemoteGate for a model
+served by its own process) and reads plain values only.
 """
 from .handlers import Handlers
 from .plots import (accepted_length_figure, depth_acceptance_figure, empty_figure, sampler_figure, throughput_figure,

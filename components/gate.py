@@ -123,6 +123,10 @@ class RemoteGate(ModelGate):
         ids = ids[-(ctx - 1):] if ctx else ids
         return self.engine.sampler_rows(ids, params, top)
 
+    def prefix_cache(self) -> dict | None:
+        """The prefix cache as last heard from the engine's process (the metrics' gauges lag by a request)."""
+        return self.engine.prefix_cache_state()
+
 
 def open_gate(loaded) -> ModelGate:
     """The gate for a model loaded here (`specdec.load`) or served by its own process (`engine_process.start`)."""

@@ -155,15 +155,15 @@ class _Server:
             if live:  # the newest value the caller sent, read once per round
                 self.params[rid] = request.params
                 req = dataclasses.replace(request, params=lambda: self.params[rid])
-            ticket = self.loaded.scheduler.submit(req, on_round=lambda ev: self.send(("ev", rid, ev)),
-                                                  should_stop=lambda: rid in self.stops)
-            self.tickets[rid] = ticket
-            threading.Thread(target=self._end_of, args=(rid, ticket), daemon=True).start()
+            self.tickets[rid] = self.loaded.scheduler.submit(
+                req, on_round=lambda ev: self.send(("ev", rid, ev)), should_stop=lambda: rid in self.stops,
+                on_end=lambda failure: self._ended(rid, failure))
+            if self.tickets[rid].done.is_set():  # it ended before it was filed here (a prefill that failed)
+                self.tickets.pop(rid, None)
         self._reply(cid, submit)
 
-    def _end_of(self, rid: int, ticket) -> None:
-        ticket.done.wait()  # set after its last event went out (events are sent by the scheduler's callbacks)
-        self.send(("end", rid, ticket.failure))
+    def _ended(self, rid: int, failure) -> None:  # after its last event went out, on the same thread
+        self.send(("end", rid, failure))
         self.tickets.pop(rid, None)
         self.params.pop(rid, None)
         self.stops.discard(rid)
@@ -339,14 +339,19 @@ class _Connection:
 
     def call(self, kind: str, *args, timeout: float | None = None):
         """Send a message that answers, and return its answer (or raise what the engine raised)."""
+        return self.call_soon(kind, *args).result(timeout)
+
+    def call_soon(self, kind: str, *args) -> Future:
+        """Send a message that answers, without waiting: its Future (set on the reader thread)."""
         cid = self.next_id()
         fut: Future = Future()
         with self._lock:
             if self._gone:
-                raise RuntimeError(ENGINE_GONE)
+                fut.set_exception(RuntimeError(ENGINE_GONE))
+                return fut
             self._calls[cid] = fut
             self.conn.send((kind, cid, *args))
-        return fut.result(timeout)
+        return fut
 
     def add(self, ticket: RemoteTicket) -> None:
         with self._lock:
@@ -507,10 +512,25 @@ class RemoteEngine:
         self.tokenizer = tokenizer
         self._info = info
         self._text_memo: dict[int, str] = {}
+        self._prefix_cache = info["prefix_cache"]
+        self._asked: Future | None = None
 
     def info(self) -> dict:
         """As `Engine.info()`, read now (the prefix cache's fill changes)."""
         return self._conn.call("info")
+
+    def prefix_cache_state(self) -> dict | None:
+        """The prefix cache's state as last heard, without waiting: a fresh one is asked for and arrives by the
+        next call. Gauges read it from a request's first event, on the thread that delivers every request's
+        events, which must not wait for the engine."""
+        if self._asked is None or self._asked.done():
+            self._asked = self._conn.call_soon("info")
+            self._asked.add_done_callback(self._heard)
+        return self._prefix_cache
+
+    def _heard(self, fut: Future) -> None:
+        if fut.exception() is None:
+            self._prefix_cache = fut.result()["prefix_cache"]
 
     def token_text(self, token_id: int) -> str:  # as Engine.token_text, from the same tokenizer here
         text = self._text_memo.get(token_id)

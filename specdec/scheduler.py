@@ -66,11 +66,13 @@ class Ticket:
     (its earlier events stay in `events`). Closing the iterator early cancels the request.
     """
 
-    def __init__(self, rid: int, plan, callbacks: list, should_stop: Callable[[], bool] | None) -> None:
+    def __init__(self, rid: int, plan, callbacks: list, should_stop: Callable[[], bool] | None,
+                 on_end: Callable[[Failure | None], None] | None = None) -> None:
         self.rid = rid
         self.plan = plan
         self.callbacks = callbacks
         self.should_stop = should_stop
+        self.on_end = on_end
         self.events: list[RoundEvent] = []
         self.failure: Failure | None = None
         self.submitted = time.monotonic()
@@ -128,6 +130,11 @@ class Ticket:
         self.failure = failure
         self.done.set()
         self._put(_END)
+        if self.on_end is not None:
+            try:
+                self.on_end(failure)
+            except Exception:  # noqa: BLE001 (the request has ended either way)
+                log.exception("request %d: on_end failed", self.rid)
 
 
 class Scheduler:
@@ -172,12 +179,14 @@ class Scheduler:
 
     # -- the callers' side -------------------------------------------------------------------
     def submit(self, request, *fields, on_round=None, should_stop: Callable[[], bool] | None = None,
-               **named) -> Ticket:
+               on_end: Callable[[Failure | None], None] | None = None, **named) -> Ticket:
         """Queue a request (a GenerationRequest, or its fields); it is checked against the model now.
 
         Args:
             on_round: callbacks that receive each event (on the scheduler thread) before its client does.
             should_stop: polled once per round; True ends the request after that round's event.
+            on_end: called once with the failure (None: it finished, stopped or was cancelled) as the request
+                ends, after its last event, on the thread that ends it (the scheduler's, or `close`'s).
         """
         if not isinstance(request, GenerationRequest):
             request = GenerationRequest(request, *fields, **named)
@@ -188,7 +197,7 @@ class Scheduler:
         with self._cond:
             if self._closed:
                 raise RuntimeError("the scheduler is closed")
-            ticket = Ticket(self._next_id, plan, callbacks, should_stop)
+            ticket = Ticket(self._next_id, plan, callbacks, should_stop, on_end)
             self._next_id += 1
             self._waiting.append(ticket)
             self._start()

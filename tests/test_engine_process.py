@@ -89,7 +89,10 @@ def test_outputs_equal_the_model_loaded_here_and_hf(here, remote):
     ours = [here.scheduler.submit(r).result() for r in reqs]
     got = [t.result(timeout=120) for t in theirs]
     assert [tokens(e) for e in got] == [tokens(e) for e in ours]
-    assert [len(e) for e in got] == [len(e) for e in ours]  # the same rounds: the same trees were verified
+    # A static tree verifies the same trees there, so the same rounds. (An "auto" tree is sized by each
+    # process's own measured cost model: its rounds may differ, its tokens may not.)
+    static = [i for i, r in enumerate(reqs) if r.tree == "small" and not r.lookup]
+    assert static and [len(got[i]) for i in static] == [len(ours[i]) for i in static]
     ids = reqs[0].prompt_ids
     import torch
     hf = here.model.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False, eos_token_id=None)

@@ -283,6 +283,42 @@ def test_should_stop_and_cancel_end_requests_without_error(loaded):
         assert t.failure is None and len(t.events) <= 1
 
 
+def test_on_end_is_called_once_after_the_last_event_with_the_failure_or_none(loaded):
+    """`on_end` (what an engine process sends its "end" message from) comes once per request, after its
+    last event: None when it finished, stopped or was cancelled; the Failure when it failed."""
+    ended: dict[str, list] = {}
+
+    def watch(name):
+        ended[name] = []
+        seen = []
+        return dict(on_round=lambda ev: seen.append(ev.index),
+                    on_end=lambda failure: ended[name].append((failure, list(seen))))
+
+    def boom(ev):
+        if ev.index == 1:
+            raise RuntimeError("boom")
+
+    with Scheduler(loaded.engine) as s:
+        done = s.submit(GenerationRequest(PROMPTS[0], 12, eos_token_id=None), **watch("done"))
+        stopped = s.submit(GenerationRequest(PROMPTS[1], 100, eos_token_id=None), should_stop=lambda: True,
+                           **watch("stopped"))
+        failing = watch("failed")
+        failed = s.submit(GenerationRequest(PROMPTS[2], 100, eos_token_id=None),
+                          on_round=[failing["on_round"], boom], on_end=failing["on_end"])
+        events = done.result(timeout=60)
+        stopped.result(timeout=60)
+        with pytest.raises(RequestFailed):
+            failed.result(timeout=60)
+        cancelled = s.submit(GenerationRequest(PROMPTS[0], 100, eos_token_id=None), **watch("cancelled"))
+        cancelled.cancel()
+        cancelled.done.wait(60)
+    assert ended["done"] == [(None, [ev.index for ev in events])]
+    assert ended["stopped"] == [(None, [0])]
+    [(failure, seen)] = ended["failed"]
+    assert failure.cause == "callback" and "boom" in failure.message and seen == [0, 1]
+    assert len(ended["cancelled"]) == 1 and ended["cancelled"][0][0] is None
+
+
 def test_close_ends_running_requests_with_an_error(loaded):
     s = Scheduler(loaded.engine, max_batch_size=1)
     gate = threading.Event()
