@@ -96,14 +96,6 @@ class RemoteGate(ModelGate):
         self.scheduler = loaded.scheduler
         self.info = loaded.engine._info  # plain values, as the engine's process reported them at load
 
-    def stream(self, request: GenerationRequest, solo: bool = False, **callbacks):
-        try:
-            if solo:
-                return _Solo(self.engine.stream(request, **callbacks))
-            return iter(self.scheduler.submit(request, **callbacks))
-        except ValueError as e:
-            raise user_error(e) from None
-
     def step(self, stream) -> tuple[RoundEvent | None, float]:
         if not isinstance(stream, _Solo):
             return super().step(stream)

@@ -31,9 +31,9 @@ import itertools
 import logging
 import multiprocessing as mp
 import queue
+import signal
 import threading
 import time
-from collections import deque
 from concurrent.futures import Future
 from typing import Callable, Iterator
 
@@ -42,11 +42,10 @@ import torch
 from .batch import Failure
 from .engine import RoundEvent
 from .request import GenerationRequest
-from .scheduler import RequestFailed, SchedulerMetrics
+from .scheduler import SchedulerMetrics, Ticket
 
 log = logging.getLogger(__name__)
 
-_END = object()
 ENGINE_GONE = "the engine's process has ended"
 
 
@@ -208,32 +207,22 @@ class _Server:
 
 
 def _serve(conn, load_kwargs: dict, threads) -> None:
+    # Ctrl-C reaches the whole process group: the caller decides, and its exit closes the pipe (EOF ends us).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="engine: %(levelname)s %(name)s: %(message)s")
     _Server(conn, load_kwargs, threads).run()
 
 
 # -- the caller's side --------------------------------------------------------------------------------
-class RemoteTicket:
-    """A request in the engine's process: iterate it for its events (as `scheduler.Ticket`)."""
+class RemoteTicket(Ticket):
+    """A request in the engine's process: iterate it for its events, as a `scheduler.Ticket`."""
 
     def __init__(self, conn: "_Connection", rid: int, params, callbacks: list, should_stop) -> None:
+        super().__init__(rid, None, callbacks, should_stop)
         self.conn = conn
-        self.rid = rid
         self.params = params  # a live callable, or None
-        self.callbacks = callbacks
-        self.should_stop = should_stop
-        self.events: list[RoundEvent] = []
-        self.failure: Failure | None = None
-        self.done = threading.Event()
         self._sent_params = None
         self._stopping = False
-        self._cancelled = False
-        self._items: deque = deque()
-        self._ready = threading.Condition()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled
 
     def cancel(self) -> None:
         """Stop this request: it leaves the batch before its next round there."""
@@ -241,36 +230,9 @@ class RemoteTicket:
             self._cancelled = True
             self.conn.post(("cancel", self.rid))
 
-    def __iter__(self) -> Iterator[RoundEvent]:
-        try:
-            while True:
-                with self._ready:
-                    while not self._items:
-                        self._ready.wait()
-                    item = self._items.popleft()
-                if item is _END:
-                    break
-                yield item
-        finally:
-            if not self.done.is_set():
-                self.cancel()  # the client stopped reading: free the slot
-        if self.failure is not None:
-            raise RequestFailed(self.failure, self.events)
-
-    def result(self, timeout: float | None = None) -> list[RoundEvent]:
-        if not self.done.wait(timeout):
-            raise TimeoutError(f"request {self.rid} still running after {timeout} s")
-        if self.failure is not None:
-            raise RequestFailed(self.failure, self.events)
-        return list(self.events)
-
-    # -- the reader thread -------------------------------------------------------------------------
-    def _put(self, item) -> None:
-        with self._ready:
-            self._items.append(item)
-            self._ready.notify()
-
-    def _deliver(self, ev: RoundEvent) -> None:
+    # -- the delivery thread -----------------------------------------------------------------------
+    def _arrive(self, ev: RoundEvent) -> None:
+        """An event from the engine: this side's callbacks, the client's queue, then live params and Stop."""
         if self.done.is_set() or self._cancelled:
             return
         try:
@@ -281,8 +243,7 @@ class RemoteTicket:
             self.conn.count_failure("callback")
             self._end(Failure("callback", "on_round", ev.index, f"{type(e).__name__}: {e}"))
             return
-        self.events.append(ev)
-        self._put(ev)
+        self._deliver(ev)
         if ev.finished is not None:
             return
         try:
@@ -299,13 +260,6 @@ class RemoteTicket:
             self.conn.count_failure("callback")
             self._end(Failure("callback", "params" if self.params is not None else "should_stop", ev.index,
                               f"{type(e).__name__}: {e}"))
-
-    def _end(self, failure: Failure | None) -> None:
-        if self.done.is_set():
-            return
-        self.failure = failure
-        self.done.set()
-        self._put(_END)
 
 
 class _Connection:
@@ -393,7 +347,7 @@ class _Connection:
             if kind == "ev":
                 t = self._tickets.get(msg[1])
                 if t is not None:
-                    t._deliver(msg[2])
+                    t._arrive(msg[2])
             elif kind == "end":
                 with self._lock:
                     t = self._tickets.pop(msg[1], None)

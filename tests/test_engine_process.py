@@ -104,7 +104,7 @@ def test_outputs_equal_the_model_loaded_here_and_hf(here, remote):
 def test_the_comparison_catches_a_lost_event(here, remote, monkeypatch):
     """Negative control: an event dropped on its way back (a planted bug in delivery) fails the comparison above."""
     model, _ = remote
-    real, seen = RemoteTicket._deliver, []
+    real, seen = RemoteTicket._arrive, []
 
     def lossy(self, ev):
         seen.append(ev.index)
@@ -112,7 +112,7 @@ def test_the_comparison_catches_a_lost_event(here, remote, monkeypatch):
             return
         real(self, ev)
 
-    monkeypatch.setattr(RemoteTicket, "_deliver", lossy)
+    monkeypatch.setattr(RemoteTicket, "_arrive", lossy)
     req = requests(here)[0]
     assert tokens(model.scheduler.submit(req).result(timeout=60)) != tokens(here.scheduler.submit(req).result())
     assert 2 in seen
@@ -128,7 +128,7 @@ def test_a_request_the_engine_refuses_raises_before_any_token(remote):
 def test_live_settings_reach_the_engine_and_stop_ends_the_run(here, remote):
     """A params callable is read after each event and a change is sent on: it shows in the events within two
     rounds and stays; each round runs under one whole SamplingParams. should_stop ends the request (no
-    failure) within two rounds."""
+    failure) at most two rounds after the round that asked."""
     model, _ = remote
     ids = encode(here, PROMPTS[0])
     live = {"params": SamplingParams()}
@@ -149,7 +149,8 @@ def test_live_settings_reach_the_engine_and_stop_ends_the_run(here, remote):
     first = temps.index(0.9)
     assert first <= 2 + 2 and all(t == 0.9 for t in temps[first:])
     assert all(ev.params["top_k"] == 5 for ev in events[first:])
-    assert 6 < events[-1].index <= 6 + 2 and sum(len(ev.emitted) for ev in events) < 400
+    # ends after the round that asked (as in-process, when the message beats that round's end), or the next
+    assert 6 <= events[-1].index <= 6 + 2 and sum(len(ev.emitted) for ev in events) < 400
     assert seen == events  # callbacks ran here, once per event, in order
 
 
