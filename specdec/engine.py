@@ -232,7 +232,10 @@ class Engine:
             most_nodes = policy.max_nodes + req.lookup
         # A captured forward pads a round of N nodes to its bucket (< 2N): with graphs, room for that too.
         room = most_nodes * (2 if target.graphs is not None else 1)
-        slots = len(plan.ids) + req.max_new_tokens + room if target.slots else None
+        need = len(plan.ids) + req.max_new_tokens
+        if target.max_length is not None:  # decoding ends at the model's context ("context"): no slot past it
+            need = min(need, target.max_length)
+        slots = need + room if target.slots else None
         cache, hit = target.new_cache(slots), 0
         if self.prefix_cache is not None:  # seeds the request's own buffer (a pooled one: what the graphs write)
             _, hit = self.prefix_cache.lookup(target.model, plan.ids, into=cache)

@@ -194,6 +194,21 @@ def test_context_length_is_never_exceeded(arch, monkeypatch):
         assert len(out.token_ids) == 11 and out.token_ids[:10] == ref
 
 
+def test_the_kv_buffer_is_sized_to_the_context_not_to_max_new_tokens(monkeypatch):
+    """Decoding ends at the model's context, so a request for far more new tokens than fit gets a buffer for
+    the context, and runs to it (before: prompt + max_new_tokens slots, 61 GB asked for 10**7 tokens)."""
+    model = make_model("llama", context=40)
+    prompt = list(range(1, 31))
+    loaded = specdec.load(model, heads="random", device="cpu")
+    sizes = []
+    real = TargetModel.new_cache
+    monkeypatch.setattr(TargetModel, "new_cache", lambda self, slots=None: sizes.append(slots) or real(self, slots))
+    for kw in (dict(tree="default"), dict(speculative=False)):
+        out = specdec.generate(loaded, prompt_ids=prompt, max_new_tokens=10**6, eos_token_id=None, **kw)
+        assert out.stats["finished"] == "context" and len(out.token_ids) == 11
+    assert sizes and all(s is not None and 40 <= s <= 40 + 2 * 64 for s in sizes), sizes
+
+
 # -- sampling determinism -------------------------------------------------------------
 
 @pytest.mark.parametrize("speculative", [True, False])
