@@ -1,10 +1,12 @@
 """specdec demo: watch speculative decoding round by round (`python app.py`, then open http://127.0.0.1:7860).
 
-Only wiring lives here: load the model once (with a prefix KV cache), lay
-out the controls, and connect events to `components.Handlers`. Runs and
-races go through one queue (`concurrency_id="model"`); the sampler view,
-the round views and Stop never wait in it (the sampler view's forward
-takes the model gate's lock between two rounds). The same server answers `/metrics`
+Only wiring lives here: load the model once (with a prefix KV cache; on a
+CPU in its own process, `specdec.engine_process`, so Gradio's Python does not
+share a GIL with the rounds), lay out the controls, and connect events to
+`components.Handlers`. Runs and races go through one queue
+(`concurrency_id="model"`); the sampler view, the round views and Stop never
+wait in it (the sampler view's forward runs on the scheduler's thread between
+two rounds). The same server answers `/metrics`
 (Prometheus text format) for the app's one `Metrics`.
 """
 from __future__ import annotations
