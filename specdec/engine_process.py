@@ -39,7 +39,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from .batch import Failure
+from .batch import Failure, _message
 from .engine import RoundEvent
 from .request import GenerationRequest
 from .scheduler import SchedulerMetrics, Ticket
@@ -235,31 +235,37 @@ class RemoteTicket(Ticket):
         """An event from the engine: this side's callbacks, the client's queue, then live params and Stop."""
         if self.done.is_set() or self._cancelled:
             return
-        try:
-            for cb in self.callbacks:
-                cb(ev)
-        except Exception as e:  # noqa: BLE001 (the scheduler's rule: a callback's error ends its request)
-            self.conn.post(("cancel", self.rid))
-            self.conn.count_failure("callback")
-            self._end(Failure("callback", "on_round", ev.index, f"{type(e).__name__}: {e}"))
+        if not self._check(lambda: [cb(ev) for cb in self.callbacks], "callback", "on_round", ev.index):
             return
         self._deliver(ev)
         if ev.finished is not None:
             return
+        if self.params is not None and not self._check(self._send_params, "params", "params", ev.index):
+            return
+        if self.should_stop is not None and not self._stopping:
+            self._check(self._ask_stop, "callback", "should_stop", ev.index)
+
+    def _send_params(self) -> None:
+        now = self.params()
+        if now != self._sent_params:
+            self._sent_params = now
+            self.conn.post(("params", self.rid, now))
+
+    def _ask_stop(self) -> None:
+        if self.should_stop():
+            self._stopping = True
+            self.conn.post(("stop", self.rid))
+
+    def _check(self, fn: Callable[[], object], cause: str, step: str, index: int) -> bool:
+        """Run one of this side's steps; an error ends the request as the scheduler would (`cause`, counted)."""
         try:
-            if self.params is not None:
-                now = self.params()
-                if now != self._sent_params:
-                    self._sent_params = now
-                    self.conn.post(("params", self.rid, now))
-            if self.should_stop is not None and not self._stopping and self.should_stop():
-                self._stopping = True
-                self.conn.post(("stop", self.rid))
-        except Exception as e:  # noqa: BLE001
+            fn()
+            return True
+        except Exception as e:  # noqa: BLE001 (the scheduler's rule: it ends its own request only)
             self.conn.post(("cancel", self.rid))
-            self.conn.count_failure("callback")
-            self._end(Failure("callback", "params" if self.params is not None else "should_stop", ev.index,
-                              f"{type(e).__name__}: {e}"))
+            self.conn.count_failure(cause)
+            self._end(Failure(cause, step, index, _message(e)))
+            return False
 
 
 class _Connection:

@@ -168,7 +168,7 @@ def test_closing_the_stream_frees_its_slot(here, remote):
     assert len(model.scheduler.submit(GenerationRequest(ids, 5)).result(timeout=30)) >= 1
 
 
-def test_a_callback_error_ends_its_request_alone(here, remote):
+def test_a_callback_or_params_error_ends_its_request_alone(here, remote):
     model, metrics = remote
     reqs = requests(here)[:2]
     before = metrics.named("failure").count("callback")
@@ -185,6 +185,19 @@ def test_a_callback_error_ends_its_request_alone(here, remote):
     assert [ev.index for ev in err.value.events] == [0, 1]  # what it had before the failure stays
     assert tokens(good.result(timeout=60)) == tokens(here.scheduler.submit(reqs[1]).result())
     assert metrics.named("failure").count("callback") == before + 1
+    calls = []
+
+    def params():  # read at submit, then after each event; the third read fails
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("a broken params source")
+        return SamplingParams()
+
+    ids = encode(here, PROMPTS[0])
+    with pytest.raises(RequestFailed) as err:
+        model.scheduler.submit(GenerationRequest(ids, 40, params, "small")).result(timeout=60)
+    assert err.value.failure.cause == "params" and "a broken params source" in str(err.value)
+    assert metrics.named("failure").count("params") >= 1
 
 
 def test_sampler_rows_and_a_lane_run_alone_match_here(here, remote):
