@@ -232,16 +232,16 @@ class Engine:
             most_nodes = policy.max_nodes + req.lookup
         # A captured forward pads a round of N nodes to its bucket (< 2N): with graphs, room for that too.
         room = most_nodes * (2 if target.graphs is not None else 1)
-        need = len(plan.ids) + req.max_new_tokens
-        if target.max_length is not None:  # decoding ends at the model's context ("context"): no slot past it
-            need = min(need, target.max_length)
-        slots = need + room if target.slots else None
+        outputs = req.max_new_tokens  # at most: decoding ends at the model's context ("context")
+        if target.max_length is not None:
+            outputs = min(outputs, target.max_length - len(plan.ids) + 1)
+        slots = len(plan.ids) + outputs + room if target.slots else None
         cache, hit = target.new_cache(slots), 0
         if self.prefix_cache is not None:  # seeds the request's own buffer (a pooled one: what the graphs write)
             _, hit = self.prefix_cache.lookup(target.model, plan.ids, into=cache)
         ngram = NgramIndex(plan.ids, req.lookup_ngram) if plan.tree is not None and req.lookup else None
         # Drawn for greedy requests too: a live slider can turn one into a sampled request midway.
-        return RunState(plan, cache, hit, seed, position_uniforms(seed, req.max_new_tokens),
+        return RunState(plan, cache, hit, seed, position_uniforms(seed, outputs),
                         IncrementalDecoder(self.tokenizer), ngram, limit=target.max_length or 1 << 62, policy=policy,
                         costs=[] if self._cost_learns and self._cost is not None else None)
 
