@@ -20,11 +20,10 @@ import torch
 
 import specdec
 from components import Handlers, Session, Settings, layout, plots, serving
-from components.app_args import engine_process_on, parse_args, prefix_cache_bytes
+from components.app_args import engine_process_on, parse_args, prefix_cache, prefix_cache_bytes
 from components.texts import API, SCROLL_TO_RACE_JS
 from specdec.batch import FaultHook, chaos
 from specdec import engine_process
-from specdec.prefix_cache import PrefixCache
 from specdec.threads import serving_threads
 from specdec.metrics import Metrics
 
@@ -178,10 +177,8 @@ def main(argv=None) -> None:
                                           max_batch_size=args.max_batch_size)
             line = loaded.threads
         else:
-            cache = prefix_cache_bytes(args)
             loaded = specdec.load(args.model, heads=args.heads, device=args.device, dtype=args.dtype,
-                                  prefix_cache=None if cache is None else PrefixCache(max_bytes=cache),
-                                  max_batch_size=args.max_batch_size)
+                                  prefix_cache=prefix_cache(args), max_batch_size=args.max_batch_size)
             line = serving_threads(loaded, args.threads)
     except ValueError as e:  # a model or heads specdec refuses, with the reason: a message, not a traceback
         raise SystemExit(f"error: {e}") from None

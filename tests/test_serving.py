@@ -227,6 +227,9 @@ def test_prefix_cache_is_on_by_default_and_can_be_switched_off():
     assert isinstance(cache, PrefixCache) and cache.max_bytes == 256 * 2**20
     assert app.prefix_cache(app.parse_args(["--prefix-cache-mb", "1.5"])).max_bytes == int(1.5 * 2**20)
     assert app.prefix_cache(app.parse_args(["--no-prefix-cache"])) is None
+    # what an engine process gets: the budget, its cache built there
+    assert app.prefix_cache_bytes(app.parse_args([])) == 256 * 2**20
+    assert app.prefix_cache_bytes(app.parse_args(["--no-prefix-cache"])) is None
     with pytest.raises(SystemExit):
         app.parse_args(["--prefix-cache-mb", "0"])
 
