@@ -281,7 +281,8 @@ class _Connection:
         self._calls: dict[int, Future] = {}
         self._gone = False
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._read, name="specdec-engine-reader", daemon=True).start()
+        self._reader = threading.Thread(target=self._read, name="specdec-engine-reader", daemon=True)
+        self._reader.start()
         threading.Thread(target=self._deliver, name="specdec-engine-delivery", daemon=True).start()
 
     def next_id(self) -> int:
@@ -394,6 +395,9 @@ class _Connection:
         if self.proc.is_alive():
             self.proc.terminate()
             self.proc.join(timeout)
+        # The engine has gone, so the reader reads EOF and ends; only then is the pipe closed here: a reader
+        # still inside recv() could otherwise read from whatever file takes the freed descriptor's number.
+        self._reader.join(timeout)
         self.conn.close()
 
 
