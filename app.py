@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import gradio as gr
-import torch
 
 import specdec
 from components import Handlers, Session, Settings, layout, plots, serving

@@ -546,6 +546,8 @@ def start(threads: int | str = "auto", timeout: float = 600.0, **load_kwargs) ->
     """Load a model in a new process (`specdec.load(**load_kwargs)`; `prefix_cache` is a budget in bytes or
     None) and return its face here. `threads`: torch's intra-op threads there (a count, or "auto":
     `threads.serving_threads`). A model `load` refuses raises its ValueError here."""
+    if threads != "auto" and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise ValueError(f"`threads` must be 'auto' or an integer >= 1, got {threads!r}")
     ctx = mp.get_context("spawn")  # a fork would copy this process's threads and OpenMP state
     here, there = ctx.Pipe()
     proc = ctx.Process(target=_serve, args=(there, load_kwargs, threads), name="specdec-engine", daemon=True)

@@ -260,3 +260,6 @@ def test_injected_faults_stay_with_their_requests_and_a_dead_engine_fails_what_w
 def test_a_model_the_engine_refuses_raises_here(tmp_path):
     with pytest.raises(ValueError, match="heads"):
         engine_process.start(threads=1, device="cpu", heads=str(tmp_path / "no-such-heads"))
+    for bad in (0, -2, "many", 1.5, True):  # refused here, before a process starts
+        with pytest.raises(ValueError, match=r"`threads` must be 'auto' or an integer >= 1"):
+            engine_process.start(threads=bad, device="cpu")
