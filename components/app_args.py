@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 
 import specdec
+from specdec import engine_process
 from specdec.prefix_cache import PrefixCache
 
 
@@ -67,12 +67,5 @@ def prefix_cache(args: argparse.Namespace) -> PrefixCache | None:
 
 
 def engine_process_on(args: argparse.Namespace) -> bool:
-    """Whether the app serves from an engine process: `--engine-process`, where "auto" is on for a CPU
-    (measured there, BENCHMARKS.md) and off on CUDA (not measured yet) and under ZeroGPU."""
-    if args.engine_process != "auto":
-        return args.engine_process == "on"
-    if importlib.util.find_spec("spaces") is not None:  # ZeroGPU: spaces.GPU runs the handler, model and all
-        return False
-    import torch
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device).type == "cpu"
+    """Whether the app serves from an engine process (`--engine-process`; see `engine_process.wanted`)."""
+    return engine_process.wanted(args.engine_process, args.device)

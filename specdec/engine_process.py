@@ -569,3 +569,18 @@ def start(threads: int | str = "auto", timeout: float = 600.0, **load_kwargs) ->
     return RemoteModel(meta["tokenizer"], meta["name"], torch.device(meta["device"]), meta["max_batch_size"],
                        RemoteEngine(conn, meta["tokenizer"], meta["info"]),
                        RemoteScheduler(conn, meta["max_batch_size"]), meta["threads"], conn)
+
+
+def wanted(mode: str, device: str | None) -> bool:
+    """Whether to serve from an engine process: `mode` "on" or "off", or "auto": on for a CPU (where Python
+    and the rounds share one GIL), off on CUDA (not measured there) and under ZeroGPU (whose `spaces.GPU`
+    needs the model in the handler's process)."""
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"`engine_process` must be 'auto', 'on' or 'off', got {mode!r}")
+    if mode != "auto":
+        return mode == "on"
+    import importlib.util
+
+    if importlib.util.find_spec("spaces") is not None:
+        return False
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")).type == "cpu"
