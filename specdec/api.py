@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from . import cost
+from . import cost, hub
 from .engine import Engine
 from .events import RoundEvent
 from .heads import MedusaHeads, random_heads
@@ -95,6 +95,38 @@ def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+def resolve_device(device) -> torch.device:
+    """`device` as a torch.device (None: cuda when present, else cpu), refused by name when this machine lacks it."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"`device` must be a device name such as {', '.join(available_devices())}, got {device!r}") from None
+    if dev.type == "cpu":
+        return dev
+    backend = getattr(torch, dev.type, None)
+    if dev.type == "mps":
+        backend = getattr(torch.backends, "mps", None)
+    count = 0
+    if backend is not None and backend.is_available():
+        count = backend.device_count() if hasattr(backend, "device_count") else 1
+    if count == 0 or (dev.index is not None and dev.index >= count):
+        raise ValueError(f"`device` {device!r} is not available on this machine (this torch "
+                         f"{torch.__version__} sees: {', '.join(available_devices())})")
+    return dev
+
+
+def available_devices() -> list[str]:
+    """The device names this torch can run on here."""
+    names = ["cpu"]
+    if torch.cuda.is_available():
+        names += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        names.append("mps")
+    return names
+
+
 def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix_cache=None,
          cost_cache: str | None | bool = None, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
          cuda_graphs: bool | None = None, heads_dtype=None, packed_rows: bool | None = None) -> Loaded:
@@ -142,7 +174,7 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
             and heads_dtype not in _DTYPES:
         raise ValueError(f"`heads_dtype` must be None, a floating torch dtype or one of {sorted(_DTYPES)}, "
                          f"got {heads_dtype!r}")
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = resolve_device(device)
     args = (model, heads, dev, dtype, tokenizer, prefix_cache, cost_cache, max_batch_size, cuda_graphs, heads_dtype,
             packed_rows)
     # The loading (and the measuring at load) leaves the caller's thread no OpenMP pool to slow the
@@ -169,16 +201,10 @@ def _load(model, heads, dev: torch.device, dtype, tokenizer, prefix_cache, cost_
         hf_model = model.to(dev) if dtype is None else model.to(dev, resolve_dtype(dtype, dev))
     else:
         name = "embedded" if str(model) == str(DEFAULT_MODEL) else str(model)
-        looks_local = os.path.sep in str(model) or str(model).startswith(".") or os.path.exists(str(model))
-        if looks_local and not os.path.isdir(str(model)):
-            raise ValueError(f"`model` path {str(model)!r} does not exist")
-        try:
-            hf_model = AutoModelForCausalLM.from_pretrained(str(model), dtype=resolve_dtype(dtype, dev))
-        except OSError as e:
-            raise ValueError(f"cannot load model {str(model)!r}: {e}") from e
+        hf_model = hub.pretrained(AutoModelForCausalLM, str(model), "model", dtype=resolve_dtype(dtype, dev))
         hf_model.to(dev)
         if tokenizer is None:
-            tokenizer = AutoTokenizer.from_pretrained(str(model))
+            tokenizer = hub.pretrained(AutoTokenizer, str(model), "model")
     hf_model.eval()
     if cuda_graphs and hf_model.device.type != "cuda":
         raise ValueError(f"`cuda_graphs=True` needs a CUDA device, but the model is on {hf_model.device}")
@@ -212,18 +238,18 @@ def _load(model, heads, dev: torch.device, dtype, tokenizer, prefix_cache, cost_
 
 
 def heads_folder(heads: str) -> str:
-    """A local heads folder, or a hub repo id ("owner/name") downloaded on first use."""
+    """A local heads folder, or a hub repo id ("owner/name") downloaded on first use (or read from the cache)."""
+    heads = hub.check(heads, "heads")
     if os.path.isdir(heads):
         return heads
-    if heads.count("/") != 1 or heads.startswith((".", "/")) or os.path.sep in heads.replace("/", "", 1):
-        raise ValueError(f"`heads` path {heads!r} does not exist (use a folder, a hub repo id, 'random' or None)")
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
 
     try:  # only the heads' own files, never a bundled base model
-        return snapshot_download(repo_id=heads, allow_patterns=["*.json", "*.safetensors", "medusa_lm_head.pt"])
-    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as e:
-        raise ValueError(f"`heads` {heads!r} is neither a local folder nor a downloadable hub repo ({e})") from e
+        return snapshot_download(repo_id=heads, allow_patterns=["*.json", "*.safetensors", "medusa_lm_head.pt",
+                                                                 "pytorch_model.bin"])
+    except (HfHubHTTPError, HFValidationError, LocalEntryNotFoundError, OSError) as e:
+        raise hub.not_found(heads, "heads", e) from e
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from .. import hub
 from .prompts import DEFAULT_FIELDS
 
 
@@ -178,8 +178,10 @@ def _check_heads_args(ap, a) -> None:
         ap.error(f"heads: --greedy-frac must be in [0, 1], got {a.greedy_frac}")
     if a.root_token and a.num_layers < 1:
         ap.error("heads: --root-token needs --num-layers >= 1 (the first residual block reads the root)")
-    if (os.path.sep in a.model or a.model.startswith(".")) and not os.path.isdir(a.model):
-        ap.error(f"--model path {a.model!r} does not exist")
+    try:
+        hub.check(a.model, "model")
+    except ValueError as e:
+        ap.error(f"heads: {e}")
 
 
 def _heads(ap, a, argv) -> int:
@@ -202,10 +204,10 @@ def _heads(ap, a, argv) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     try:
-        model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype)
-        tok = AutoTokenizer.from_pretrained(a.model)
-    except OSError as e:
-        ap.error(f"cannot load --model {a.model!r}: {e}")
+        model = hub.pretrained(AutoModelForCausalLM, a.model, "model", dtype=dtype)
+        tok = hub.pretrained(AutoTokenizer, a.model, "model")
+    except ValueError as e:
+        ap.error(f"heads: {e}")
     try:
         if a.prompts is None and a.dataset is None:
             if a.chat:
@@ -273,7 +275,10 @@ def _tree(a) -> int:
     metrics = json.loads(mpath.read_text())
     variant = a.variant or heads_dir.name
     acc = metrics["variants"][variant]["acc"]
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
+    try:
+        model = hub.pretrained(AutoModelForCausalLM, a.model, "model", dtype=torch.float32).eval()
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     heads, _ = load_heads(heads_dir, model)
     result = choose_tree(acc, model)
     if a.measure:
