@@ -170,7 +170,9 @@ class Scheduler:
         self.batch_sizes: Counter[int] = Counter()  # rounds run at each batch size
         self._waiting: deque[Ticket] = deque()
         self._prefilling: list[tuple[Ticket, Member | None]] = []
-        self._tickets: dict[int, Ticket] = {}
+        self._tickets: dict[int, Ticket] = {}  # requests with a batch member (prefilling or decoding)
+        self._accepted: dict[int, Ticket] = {}  # every request from `submit` until it ends
+        self.lost = 0  # requests found neither queued, prefilling nor decoding, and ended by the idle check
         self._calls: deque[tuple[Callable, Future]] = deque()
         self._cond = threading.Condition()
         self._next_id = 0
@@ -199,6 +201,7 @@ class Scheduler:
                 raise RuntimeError("the scheduler is closed")
             ticket = Ticket(self._next_id, plan, callbacks, should_stop, on_end)
             self._next_id += 1
+            self._accepted[ticket.rid] = ticket
             self._waiting.append(ticket)
             self._start()
             self._cond.notify()
@@ -224,11 +227,25 @@ class Scheduler:
         return fut
 
     def stats(self) -> dict:
-        """Plain values: requests waiting, prefilling and decoding, failures by cause, rounds per batch size."""
+        """Plain values: requests waiting, prefilling, decoding and not yet ended (`tracked`), requests the idle
+        check had to end (`lost`: a bug if ever > 0), failures by cause, rounds per batch size."""
         with self._cond:
             return {"waiting": len(self._waiting), "prefilling": len(self._prefilling),
-                    "decoding": len(self._batch), "batched": self.batched, "max_batch_size": self.max_batch_size,
+                    "decoding": len(self._batch), "tracked": len(self._accepted), "lost": self.lost,
+                    "calls": len(self._calls), "batched": self.batched, "max_batch_size": self.max_batch_size,
                     "failures": dict(self.failures), "batch_sizes": dict(sorted(self.batch_sizes.items()))}
+
+    def idle(self, timeout: float = 0.0) -> bool:
+        """Whether every accepted request has ended and no call waits (polled up to `timeout` seconds): what a
+        test asserts after its requests, since a request that is never ended is a client waiting forever."""
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.stats()
+            if not (st["tracked"] or st["waiting"] or st["prefilling"] or st["decoding"] or st["calls"]):
+                return st["lost"] == 0
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Stop the thread; requests still queued or running end with a failure."""
@@ -259,33 +276,62 @@ class Scheduler:
             atexit.register(self._at_exit)
 
     def _loop(self) -> None:
-        while True:
+        try:
+            while self._step():
+                pass
+        finally:  # also after an error that escaped every guard: no client may wait on a thread that is gone
             with self._cond:
-                while not (self._closed or self._waiting or self._prefilling or len(self._batch) or self._calls):
-                    self._cond.wait()
-                if self._closed:
-                    break
-                calls = list(self._calls)
-                self._calls.clear()
-                while self._waiting and len(self._prefilling) + len(self._batch) < self.max_batch_size:
-                    t = self._waiting.popleft()
-                    t.started = time.monotonic()
-                    self._prefilling.append((t, None))
-                    if self.metrics is not None:
-                        self.metrics.observe_queue_wait(t.started - t.submitted)
+                self._closed = True
+            self._shutdown()
+
+    def _step(self) -> bool:
+        """One iteration: wait for work, admit, run the calls, drop the cancelled, prefill, one round.
+        False once closed. Any error here ends the requests in flight (`_recover`), never the thread."""
+        with self._cond:
+            while not (self._closed or self._waiting or self._prefilling or len(self._batch) or self._calls):
+                self._end_lost()
+                self._cond.wait()
+            if self._closed:
+                return False
+            calls = list(self._calls)
+            self._calls.clear()
+            admitted = []
+            while self._waiting and len(self._prefilling) + len(self._batch) < self.max_batch_size:
+                t = self._waiting.popleft()
+                t.started = time.monotonic()
+                self._prefilling.append((t, None))
+                admitted.append(t)
+        try:
+            for t in admitted:
+                self._observe("observe_queue_wait", t.started - t.submitted)
             for fn, fut in calls:
-                try:
-                    fut.set_result(fn())
-                except Exception as e:  # noqa: BLE001 (the caller gets it)
-                    fut.set_exception(e)
-            try:
-                self._drop_cancelled()
-                self._prefill()
-                if len(self._batch):
-                    self._round()
-            except Exception as e:  # noqa: BLE001 (a bug of ours, outside any one request's steps)
-                self._recover(e)
-        self._shutdown()
+                if fut.set_running_or_notify_cancel():  # False: its caller cancelled it, and waits for nothing
+                    try:
+                        fut.set_result(fn())
+                    except Exception as e:  # noqa: BLE001 (the caller gets it)
+                        fut.set_exception(e)
+            self._drop_cancelled()
+            self._prefill()
+            if len(self._batch):
+                self._round()
+        except Exception as e:  # noqa: BLE001 (a bug of ours, outside any one request's steps)
+            self._recover(e)
+        return True
+
+    def _end_lost(self) -> None:
+        """With nothing queued, prefilling or decoding, every accepted request must have ended. One that has
+        not was dropped by a path that forgot to end it: end it now (its client would wait forever) and
+        count it (`stats()["lost"]`, which tests require to stay 0). Called with the lock held."""
+        for t in list(self._accepted.values()):
+            log.error("request %d was neither queued nor running: ending it", t.rid)
+            self.lost += 1
+            self._finish(t, Failure("error", "scheduler", len(t.events), "the scheduler lost this request"))
+
+    def _finish(self, t: Ticket, failure: Failure | None = None) -> None:
+        """The one way a request ends: it leaves every record, then its client hears the end."""
+        self._tickets.pop(t.rid, None)
+        self._accepted.pop(t.rid, None)  # a dict pop: atomic, and `submit` only adds new ids
+        t._end(failure)
 
     def _recover(self, e: Exception) -> None:
         """The last resort: an error outside every request's own steps ends the requests in flight with
@@ -298,22 +344,30 @@ class Scheduler:
                 self._release(m, failed=True)  # a pooled buffer goes back
             except Exception:  # noqa: BLE001 (already recovering)
                 log.exception("could not release request %d's buffer", t.rid)
-        # every ticket with a member (joining, decoding, or between the two when it broke) and those not opened
-        for t in dict.fromkeys([*self._tickets.values(), *(t for t, _ in self._prefilling)]):
+        with self._cond:
+            queued = {t.rid for t in self._waiting}
+            in_flight = [t for rid, t in self._accepted.items() if rid not in queued]
+        # every ticket past the queue: joining, decoding, between the two when it broke, or dropped on the way
+        for t in in_flight:
             self._fail(t, failure)
         self._prefilling.clear()
         self._tickets.clear()
         self._batch = Batch(self.engine, self.max_batch_size, self.batched, self._batch.fault_hook)
 
     def _drop_cancelled(self) -> None:
+        with self._cond:  # a request cancelled while queued ends now, not once a slot frees up for it
+            gone = [t for t in self._waiting if t.cancelled]
+            for t in gone:
+                self._waiting.remove(t)
+        for t in gone:
+            self._finish(t)
         for m in [m for m in self._batch.members if self._tickets[m.rid].cancelled]:
             self._batch.remove(m)
-            self._tickets.pop(m.rid)._end()
+            self._finish(self._tickets[m.rid])
         for t, m in [p for p in self._prefilling if p[0].cancelled]:
             self._prefilling.remove((t, m))
             self._release(m)
-            self._tickets.pop(t.rid, None)
-            t._end()
+            self._finish(t)
 
     def _prefill(self) -> None:
         """Up to `prefill_chunk` prompt tokens of the joining requests, oldest first; those whose prompt
@@ -350,8 +404,7 @@ class Scheduler:
     def _round(self) -> None:
         size = len(self._batch)
         self.batch_sizes[size] += 1
-        if self.metrics is not None:
-            self.metrics.observe_batch(size)
+        self._observe("observe_batch", size)
         for m, (ev, failure) in self._batch.round():
             self._after(self._tickets[m.rid], m, ev, failure, joined=True)
 
@@ -376,8 +429,7 @@ class Scheduler:
                 self._batch.remove(m)
             else:
                 self._release(m)
-            self._tickets.pop(t.rid, None)
-            t._end()
+            self._finish(t)
         elif not joined:
             self._batch.add(m)
 
@@ -388,22 +440,39 @@ class Scheduler:
 
     def _fail(self, t: Ticket, failure: Failure) -> None:
         self.failures[failure.cause] += 1
-        if self.metrics is not None:
-            self.metrics.observe_failure(failure.cause)
         log.warning("request %d: %s", t.rid, failure)
-        self._tickets.pop(t.rid, None)
-        t._end(failure)
+        self._finish(t, failure)
+        self._observe("observe_failure", failure.cause)
+
+    def _observe(self, name: str, value) -> None:
+        """Report to the metrics sink; its own fault is logged and touches no request."""
+        if self.metrics is not None:
+            try:
+                getattr(self.metrics, name)(value)
+            except Exception:  # noqa: BLE001 (a figure lost, never a request)
+                log.exception("metrics: %s failed", name)
 
     def _shutdown(self) -> None:
+        """Every request not yet ended ends with a failure, and every call waiting gets an error."""
         closed = Failure("error", "shutdown", 0, "the scheduler was closed")
         for m in list(self._batch.members):
-            self._batch.remove(m)
-            self._tickets.pop(m.rid)._end(closed)
+            try:
+                self._batch.remove(m)
+            except Exception:  # noqa: BLE001 (closing: the request ends below either way)
+                log.exception("could not remove request %d from the batch", m.rid)
         for t, m in self._prefilling:
-            self._release(m)
-            t._end(closed)
-        for t in self._waiting:
-            t._end(closed)
-        for _, fut in self._calls:
-            fut.set_exception(RuntimeError("the scheduler was closed"))
-
+            try:
+                self._release(m)
+            except Exception:  # noqa: BLE001
+                log.exception("could not release request %d's buffer", t.rid)
+        with self._cond:
+            tickets = list(self._accepted.values())
+            calls = list(self._calls)
+            self._waiting.clear()
+            self._calls.clear()
+        self._prefilling.clear()
+        for t in tickets:
+            self._finish(t, closed)
+        for _, fut in calls:
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(RuntimeError("the scheduler was closed"))

@@ -363,3 +363,40 @@ def tiny_hub_model(spec) -> nn.Module:
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
+
+
+# Every Scheduler made in this process, for `schedulers_idle` (a weak set: a closed one can still be collected).
+_SCHEDULERS: "weakref.WeakSet" = __import__("weakref").WeakSet()
+_scheduler_init = specdec.scheduler.Scheduler.__init__
+
+
+def _tracked_init(self, *args, **kwargs) -> None:
+    _scheduler_init(self, *args, **kwargs)
+    _SCHEDULERS.add(self)
+
+
+specdec.scheduler.Scheduler.__init__ = _tracked_init
+
+
+@pytest.fixture
+def schedulers_idle():
+    """After the test, every scheduler in this process has ended every request it accepted, runs no call,
+    and never had to end a request it had lost (`Scheduler.idle`): a request left unended is a client
+    waiting forever. Opt in with `pytestmark = pytest.mark.usefixtures("schedulers_idle")`."""
+    yield
+    busy = [s.stats() for s in list(_SCHEDULERS) if not s.idle(timeout=10.0)]
+    assert not busy, f"schedulers not idle after the test: {busy}"
+
+
+def wait_until(pred, timeout: float = 30.0, what: str = "the condition", every: float = 0.01):
+    """Poll `pred()` until it returns something truthy (returned); AssertionError naming `what` past `timeout` s."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        got = pred()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout} s")
+        time.sleep(every)

@@ -17,12 +17,14 @@ import torch
 
 import specdec
 import specdec.engine as engine_mod
-from conftest import PROMPTS, hf_greedy, make_model, naive_logits, reference_probs, submit_together
+from conftest import PROMPTS, hf_greedy, make_model, naive_logits, reference_probs, submit_together, wait_until
 from specdec.request import GenerationRequest
 from specdec.sampler import SamplingParams
 from specdec.scheduler import RequestFailed, Scheduler
 from test_lossless import CONTEXT, FAIL_P, PASS_P, ROOT, V, chi2_pvalue
 from test_tree_policy import MODERATE
+
+pytestmark = pytest.mark.usefixtures("schedulers_idle")
 
 N = 20
 
@@ -123,8 +125,7 @@ def test_requests_join_and_leave_mid_run(loaded, refs):
         first = [s.submit(GenerationRequest(p, n, lookup=6, eos_token_id=None), on_round=join_later)
                  for p, n in zip(PROMPTS, (N, 5, 9))]
         assert [tokens(t) for t in first] == [refs[0], refs[1][:5], refs[2][:9]]
-        while len(late) < 3:
-            time.sleep(0.01)
+        wait_until(lambda: len(late) == 3, 30, "the three late requests")
         assert [tokens(t) for t in late] == refs
         sizes = s.stats()["batch_sizes"]
     assert max(sizes) == 3 and len(sizes) > 1
@@ -397,6 +398,118 @@ KINDS = {  # sampler settings side by side in one batch
     "b": SamplingParams(temperature=0.7, top_k=3),
 }
 N_MIXED = 1500
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def test_a_call_its_caller_cancelled_is_skipped_and_the_thread_serves_on(loaded, refs):
+    """A cancelled call's Future refuses a result: setting one anyway killed the thread, and every
+    request then waited forever."""
+    with Scheduler(loaded.engine, max_batch_size=2) as s:
+        gate = threading.Event()
+        s.call_soon(gate.wait, 30)  # holds the thread, so the next call is still queued when cancelled
+        late = s.call_soon(lambda: 1)
+        assert late.cancel()
+        gate.set()
+        t = s.submit(requests(6)[0])
+        assert tokens(t.result(timeout=30)) == refs[0][:6]
+        assert s._thread.is_alive()
+
+
+def test_a_metrics_sink_that_raises_never_strands_a_request(loaded, refs):
+    class Broken:
+        def observe_batch(self, size):
+            raise Boom("batch")
+
+        def observe_queue_wait(self, seconds):
+            raise Boom("queue")
+
+        def observe_failure(self, cause):
+            raise Boom("failure")
+
+    with Scheduler(loaded.engine, max_batch_size=2, metrics=Broken()) as s:
+        tickets = [s.submit(r) for r in requests(4)[:3]]
+        assert [tokens(t.result(timeout=30)) for t in tickets] == [r[:4] for r in refs[:3]]
+        bad = s.submit(GenerationRequest(PROMPTS[0], 4, eos_token_id=None), on_round=lambda ev: 1 / 0)
+        with pytest.raises(RequestFailed, match="ZeroDivisionError"):  # a failure, reported to the broken sink
+            bad.result(timeout=30)
+        assert s.idle(timeout=5) and s._thread.is_alive()
+
+
+def test_a_request_cancelled_while_queued_ends_before_a_slot_frees(loaded):
+    with Scheduler(loaded.engine, max_batch_size=1) as s:
+        long = s.submit(GenerationRequest(PROMPTS[0], 400, eos_token_id=None, speculative=False))
+        queued = s.submit(GenerationRequest(PROMPTS[1], 4, eos_token_id=None))
+        wait_until(lambda: long.events, 30, "the first request's round 0")
+        queued.cancel()
+        assert queued.done.wait(10) and queued.failure is None and queued.events == []
+        assert not long.done.is_set()  # ended while the batch's one slot was still taken
+        long.cancel()
+        assert long.done.wait(10)
+
+
+def test_a_request_a_bug_drops_is_ended_by_the_idle_check_and_counted(loaded):
+    """The invariant: with nothing queued or running, nothing is tracked. A path that forgets to end its
+    request (planted here) cannot leave the client waiting, and `lost` says so."""
+    real = Scheduler._drop_cancelled
+
+    def forgetful(self):
+        for entry in list(self._prefilling):
+            if entry[0].rid == 1:
+                self._prefilling.remove(entry)  # dropped, never ended
+        real(self)
+
+    with Scheduler(loaded.engine, max_batch_size=2) as s:
+        s._drop_cancelled = forgetful.__get__(s)
+        a, b = s.submit(requests(4)[0]), s.submit(requests(4)[1])
+        assert len(a.result(timeout=30)) > 0
+        with pytest.raises(RequestFailed, match="lost"):
+            b.result(timeout=30)
+        assert s.stats()["lost"] == 1 and not s.idle()
+        s.lost = 0  # (for the fixture's check: the loss was planted)
+
+
+def test_cancels_racing_submits_from_many_threads_each_end_once(loaded, refs):
+    """Submits, cancels at random moments and readers that stop early, from six threads at once: every
+    request ends exactly once, the uncancelled ones with their solo tokens, and the scheduler is idle."""
+    import random
+
+    ends: list[int] = []
+    results: dict[int, object] = {}
+    with Scheduler(loaded.engine, max_batch_size=3, prefill_chunk=4) as s:
+
+        def client(k: int) -> None:
+            rng = random.Random(k)
+            for j in range(6):
+                i = (k + j) % len(PROMPTS)
+                t = s.submit(GenerationRequest(PROMPTS[i], 8, lookup=6, eos_token_id=None),
+                             on_end=lambda f, k=k, j=j: ends.append((k, j)))
+                how = rng.choice(["read", "cancel_now", "cancel_later", "stop_reading"])
+                if how == "cancel_now":
+                    t.cancel()
+                elif how == "cancel_later":
+                    time.sleep(rng.random() * 0.01)
+                    t.cancel()
+                elif how == "stop_reading":
+                    it = iter(t)
+                    next(it, None)
+                    it.close()
+                t.done.wait(30)
+                results[(k, j)] = (how, i, t)
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(6)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        assert len(results) == 36 and sorted(ends) == sorted(results)  # each ended, once
+        for how, i, t in results.values():
+            assert t.done.is_set() and t.failure is None
+            if how == "read":
+                assert tokens(t.events) == refs[i][:8]
+        assert s.idle(timeout=5)
 
 
 @pytest.fixture(scope="module")
