@@ -125,14 +125,21 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
         view_queue = dict(concurrency_id="views", concurrency_limit=None, preprocess=False)
         # The progress timer goes on the stats line only: one timer per streamed output costs the
         # browser a re-layout on every tick.
-        gen = gen_btn.click(gpu(h.generate), controls + [session], gen_outputs, api_name="generate",
-                            api_description=API["generate"], show_progress="minimal", show_progress_on=[stats],
-                            preprocess=False, **model_queue)
+        # A tab's Generate or Compare replaces the tab's unfinished run: the button's first event (private,
+        # so no API call sends it) stops that run, and the new run starts after it. Calls through the API
+        # never stop one another: each runs to its end, its client's Stop, or its client's disconnect.
+        # `trigger_mode="multiple"`: the chained run starts while the replaced one is still winding down.
+        new_run = dict(queue=False, api_visibility="private", show_progress="hidden")
+        gen = gen_btn.click(h.replace, [session], None, **new_run).then(
+            gpu(h.generate), controls + [session], gen_outputs, api_name="generate", api_description=API["generate"],
+            show_progress="minimal", show_progress_on=[stats], preprocess=False, trigger_mode="multiple",
+            **model_queue)
         cmp_btn.click(lambda: gr.Row(visible=True), None, race.row, queue=False, api_visibility="private",
                       js=SCROLL_TO_RACE_JS)
-        cmp = cmp_btn.click(gpu(h.compare), cmp_controls + [session], [race.md, race.spec, race.base],
-                            api_name="compare", api_description=API["compare"], show_progress="minimal",
-                            preprocess=False, **model_queue)
+        cmp = cmp_btn.click(h.replace, [session], None, **new_run).then(
+            gpu(h.compare), cmp_controls + [session], [race.md, race.spec, race.base], api_name="compare",
+            api_description=API["compare"], show_progress="minimal", preprocess=False, trigger_mode="multiple",
+            **model_queue)
         replay = rounds.replay.click(h.replay, [rounds.slider, session], round_outputs + [len_plot],
                                      api_visibility="private", show_progress="hidden", **view_queue)
         for btn in (gen_btn, cmp_btn, clear_btn):  # a new run or Clear ends a replay

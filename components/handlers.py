@@ -137,7 +137,8 @@ class Handlers(RoundViews, SamplerView, RaceView):
                                           acceptance, speculative, lookup, lookup_mode, chat)
             run = session.start_run(prompt, ids, settings, chat=chat)
             try:
-                stream = self.gate.stream(settings.request(ids, session.live_params, last_law=self.sampler_top),
+                stream = self.gate.stream(settings.request(ids, lambda: session.live_params(run),
+                                                           last_law=self.sampler_top),
                                           on_round=[run.record, req.on_round, *self.on_round],
                                           should_stop=session.should_stop(run))
             except gr.Error:
@@ -153,7 +154,7 @@ class Handlers(RoundViews, SamplerView, RaceView):
             try:
                 while True:
                     new, _ = self.gate.step(stream)  # `run.record` has already stored it
-                    if new is None:
+                    if new is None or run.replaced:  # a replaced run's tab shows its newer run now
                         break
                     ev = new
                     text_html += render_round(ev, prev)
@@ -167,7 +168,7 @@ class Handlers(RoundViews, SamplerView, RaceView):
                     self.streaming -= 1
                 self.gate.close(stream)
                 session.finish(run)
-            if ev is None:
+            if ev is None or run.replaced:
                 return
             req.cancelled = run.stopped and ev.finished is None  # Stop (or a newer run) ended it early
             # The final update carries every figure, the most instructive round, and the sampler view.
@@ -218,8 +219,13 @@ class Handlers(RoundViews, SamplerView, RaceView):
         return (text_html, stats, *views, self._json(run, ev, stopped))
 
     def stop(self, session: Session) -> None:
-        """Stop the session's running generation or race; it ends before its next round."""
+        """Stop the session's running generations and races; each ends before its next round."""
         session.request_stop()
+
+    def replace(self, session: Session) -> None:
+        """A tab's Generate or Compare: the tab's unfinished run stops before the new one starts. Only the
+        tab's own button sends it (a private event), so an API client's calls never stop each other."""
+        session.replace()
 
     def clear(self, prompt, temperature, top_k, top_p, min_p, acceptance, chat, session: Session) -> tuple:
         """Forget the last run; the sampler view goes back to the position after the prompt."""

@@ -142,7 +142,8 @@ class Run:
     settings: Settings
     seed: int
     events: list[RoundEvent] = field(default_factory=list)
-    stopped: bool = False  # Stop was pressed (or the session went away)
+    stopped: bool = False  # Stop was pressed (or the session went away, or its tab replaced it)
+    replaced: bool = False  # its tab started a newer run, which now owns the views
     done: bool = False
     chat: bool = False  # the prompt was wrapped as a chat turn (the tokenizer's chat template)
 
@@ -165,7 +166,7 @@ class Session:
 
     live: Settings = field(default_factory=Settings)  # read once per round by the running generation
     run: Run | None = None  # the last Generate run: the round slider and the charts read it
-    active: Run | None = None  # whatever runs now (a Generate or a Compare run); Stop stops it
+    unfinished: list[Run] = field(default_factory=list)  # runs going now (Generate or Compare); Stop stops them all
     runs_started: int = 0
     # ((token ids, params), the sampler view's rows): plain values. One tuple, so that the
     # generation thread and a slider event never see a key with another context's rows.
@@ -173,11 +174,11 @@ class Session:
 
     def start_run(self, prompt: str, prompt_ids: list[int], settings: Settings, main: bool = True,
                   chat: bool = False) -> Run:
-        """A new run; it supersedes (stops) any unfinished run of this session."""
-        self.request_stop()
+        """A new run, beside any unfinished one: an API client's calls share its session and each runs to its
+        end. A tab's own new run replaces the tab's unfinished one (`replace`, which its buttons call first)."""
         self.runs_started += 1
         run = Run(self.runs_started, prompt, list(prompt_ids), settings, settings.resolved_seed(), chat=bool(chat))
-        self.active = run
+        self.unfinished.append(run)
         if main:
             self.live = settings
             self.run = run
@@ -185,27 +186,40 @@ class Session:
 
     def finish(self, run: Run) -> None:
         run.done = True
-        if self.active is run:
-            self.active = None
+        if run in self.unfinished:
+            self.unfinished.remove(run)
+
+    @property
+    def active(self) -> Run | None:
+        """The newest unfinished run, or None."""
+        return self.unfinished[-1] if self.unfinished else None
 
     @property
     def running(self) -> bool:
-        return self.active is not None and not self.active.done
+        return any(not r.done for r in self.unfinished)
 
-    def live_params(self) -> SamplingParams:
-        """Read by the engine once per round: the current slider values."""
-        seed = self.run.seed if self.run is not None else None
-        return self.live.sampling_params(seed)
+    def live_params(self, run: Run | None = None) -> SamplingParams:
+        """Read by the engine once per round. The newest Generate run follows the live sliders; an older run
+        still going (an API client's earlier call) keeps the settings it started with, and its own seed."""
+        run = self.run if run is None else run
+        settings = self.live if run is None or run is self.run else run.settings
+        return settings.sampling_params(None if run is None else run.seed)
 
     def should_stop(self, run: Run):
-        """A callable for the engine: True once Stop was pressed or a newer run replaced this one."""
-        return lambda: run.stopped or self.active is not run
+        """A callable for the engine: True once Stop was pressed (or the tab replaced this run)."""
+        return lambda: run.stopped
 
     def request_stop(self) -> None:
-        if self.active is not None:
-            self.active.stopped = True
+        """Stop every unfinished run of this session (Stop, Clear, a closed tab)."""
+        for run in self.unfinished:
+            run.stopped = True
+
+    def replace(self) -> None:
+        """A tab's new run is about to start: its unfinished runs stop and draw nothing more."""
+        for run in self.unfinished:
+            run.replaced = run.stopped = True
 
     def clear(self) -> None:
         self.request_stop()
-        self.active = None
+        self.unfinished.clear()
         self.run = None

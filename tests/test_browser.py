@@ -27,11 +27,16 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 
 
+ROUNDS: list = []  # every round event of every Generate run
+APP: dict = {}
+
+
 @pytest.fixture(scope="module")
 def url():
     # 40 ms per round: a 512-token run then takes seconds, so that Stop lands mid-run however fast
     # decoding gets (the dynamic tree and batching made it race the click).
-    demo = build_demo(specdec.load(device="cpu"), replay_interval=0.4, on_round=[lambda ev: time.sleep(0.04)])
+    APP["loaded"] = loaded = specdec.load(device="cpu")
+    demo = build_demo(loaded, replay_interval=0.4, on_round=[lambda ev: time.sleep(0.04), ROUNDS.append])
     _, local, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
                               quiet=True, **launch_kwargs())
     yield local
@@ -274,6 +279,32 @@ def test_after_stop_every_round_is_reachable(url, browser):
                            arg=rounds, timeout=30_000)
     set_number(page, "round-slider", rounds)
     wait_text(page, "#round-info", f"Round {rounds}", 30_000)
+    assert not watch.bad, watch.bad
+    page.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_tabs_second_generate_replaces_its_first(url, browser):
+    """The tab's own click stops its unfinished run (which then draws nothing more); the new run owns the views."""
+    page, watch = open_app(browser, url, viewport={"width": 1440, "height": 900})
+    set_number(page, "temperature", 0.0)
+    set_number(page, "max-new", 512)
+    page.locator("#prompt textarea").fill("def quicksort(arr):")
+    start = len(ROUNDS)
+    page.click("#generate-btn")
+    wait_text(page, "#stats", "decoding rounds", 60_000)
+    page.locator("#prompt textarea").fill("class Stack:")
+    set_number(page, "max-new", 12)
+    page.click("#generate-btn")
+    wait_text(page, "#stats", "done: reached max new tokens", 90_000)
+    assert page.locator("#tokens .sd-prompt").text_content() == "class Stack:"
+    assert page.locator("#tokens .sd-tok").count() == 12
+    assert APP["loaded"].scheduler.idle(timeout=30)  # the first run ended too ...
+    mine = ROUNDS[start:]
+    assert sum(ev.index == 0 for ev in mine) == 2
+    finished = [ev.finished for ev in mine if ev.finished]
+    assert finished == ["length"], finished  # ... stopped: only the second run reached an end of its own
+    assert sum(1 for ev in mine if ev.index > 0) < 500
     assert not watch.bad, watch.bad
     page.close()
 

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import app
 import loadtest
 import specdec
-from conftest import APP_GREEDY, free_port
+from conftest import APP_GREEDY, free_port, wait_until
 from app import build_demo, launch_kwargs
 from components.serving import RequestMetrics
 from specdec.metrics import Metrics
@@ -102,16 +102,14 @@ def test_errors_and_cancellations_are_counted(server):
         c.predict(prompt="", max_new_tokens=4, **GREEDY, api_name="/generate")
     # A client that drops its stream (gradio_client's cancel: Gradio closes the generator).
     job = c.submit(prompt=PROMPT, max_new_tokens=400, **GREEDY, api_name="/generate")
-    while not job.outputs() or job.outputs()[-1][-1]["round"] < 1:
-        time.sleep(0.05)
+    wait_until(lambda: job.outputs() and job.outputs()[-1][-1]["round"] >= 1, 60, "the run's round 1", 0.05)
     assert val(scrape(url), "specdec_requests_in_flight") == 1
     job.cancel()
     m = wait_metric(url, lambda m: delta(m, before, "specdec_requests_total", outcome="cancelled") >= 1)
     assert delta(m, before, "specdec_requests_total", outcome="cancelled") == 1
     # Stop, seen by the engine between rounds.
     job = c.submit(prompt="class Stack:", max_new_tokens=400, **GREEDY, api_name="/generate")
-    while not job.outputs() or job.outputs()[-1][-1]["round"] < 1:
-        time.sleep(0.05)
+    wait_until(lambda: job.outputs() and job.outputs()[-1][-1]["round"] >= 1, 60, "the run's round 1", 0.05)
     c.predict(api_name="/stop")
     m = wait_metric(url, lambda m: delta(m, before, "specdec_requests_total", outcome="cancelled") >= 2
                     and val(m, "specdec_requests_in_flight") == 0)

@@ -35,8 +35,30 @@ def test_session_live_params_and_stop():
     assert session.live_params().temperature == 1.0 and session.live_params().top_k == 5
     assert not stop()
     session.request_stop()
-    assert stop()
+    assert stop() and not run.replaced
+    session.finish(run)
     newer = session.start_run("p", [1], Settings())
     assert session.run is newer and not session.should_stop(newer)()
     session.finish(newer)
     assert not session.running
+
+
+def test_runs_of_one_session_run_side_by_side_until_its_tab_replaces_them():
+    """An API client's calls share a session: a new run stops none, and each keeps its own seed and settings
+    (the sliders move the newest only). A tab's own new run first replaces every unfinished one."""
+    session = Session()
+    a = session.start_run("p", [1], Settings(temperature=0.5, seed=1))
+    b = session.start_run("q", [2], Settings(temperature=0.9, seed=2))
+    assert not session.should_stop(a)() and not session.should_stop(b)()
+    assert (session.live_params(a).temperature, session.live_params(a).seed) == (0.5, 1)
+    assert (session.live_params(b).temperature, session.live_params(b).seed) == (0.9, 2)
+    session.live = session.live.with_live(1.3, 5, 0.8, 0.0)
+    assert session.live_params(b).temperature == 1.3 and session.live_params(a).temperature == 0.5
+    session.finish(a)
+    assert session.running and session.unfinished == [b] and session.active is b
+    session.replace()
+    assert b.stopped and b.replaced and session.should_stop(b)()
+    c = session.start_run("r", [3], Settings())
+    assert not session.should_stop(c)() and not c.replaced
+    session.request_stop()  # Stop: every unfinished run of the session
+    assert session.should_stop(c)() and not c.replaced
