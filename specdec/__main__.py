@@ -1,7 +1,9 @@
 """The `specdec` command (also `python -m specdec`).
 
     specdec generate --prompt "def fibonacci(n):" [options]
-    specdec train {tokenizer,data,lm,heads,tree} ...      (= python -m specdec.train ...)
+    specdec serve [--model M] [--port 8000] [--ui]        an OpenAI-compatible server
+    specdec app [--model M] [--port 7860]                   the Gradio demo (pip install 'specdec[app]')
+    specdec train {tokenizer,data,lm,heads,tree} ...
     specdec export-heads --heads DIR --format {vllm,medusa,specdec} --out DIR [--model M]
 """
 from __future__ import annotations
@@ -9,27 +11,57 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+
+
+
+class DEFAULTS(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows every option's default, also where the option has no help text."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if action.help is None and action.option_strings and action.default not in (None, argparse.SUPPRESS):
+            action.help = "default: %(default)s"
+        return super()._format_action(action)
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["train"]:  # the training CLI keeps its own parser and help
+    # These keep their own parsers and help.
+    if argv[:1] == ["train"]:
         from .train.__main__ import main as train_main
 
-        return train_main(argv[1:])
-    ap = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding with Medusa heads.")
+        return train_main(argv[1:], prog="specdec train")
+    if argv[:1] == ["serve"]:
+        from .serve import main as serve_main
+
+        return serve_main(argv[1:])
+    if argv[:1] == ["app"]:
+        from .serve import demo_module
+
+        try:
+            demo = demo_module()
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        demo.main(argv[1:])
+        return 0
+    ap = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding for HF causal LMs.")
     sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("serve", help="an OpenAI-compatible server (`specdec serve --help`)", add_help=False)
+    sub.add_parser("app", help="the Gradio demo (`specdec app --help`; needs specdec[app])", add_help=False)
     sub.add_parser("train", help="train a tokenizer, LM, heads or tree (`specdec train --help`)", add_help=False)
-    x = sub.add_parser("export-heads", help="write heads in vLLM's or FasterDecoding's Medusa layout (or specdec's)")
+    x = sub.add_parser("export-heads", formatter_class=DEFAULTS,
+                       help="write heads in vLLM's or FasterDecoding's Medusa layout (or specdec's)")
     x.add_argument("--heads", required=True, help="heads folder (any layout specdec reads) or hub repo id")
     x.add_argument("--format", required=True, choices=["vllm", "medusa", "specdec"])
     x.add_argument("--out", required=True, help="output folder")
     x.add_argument("--model", default=None,
-                   help="the target model; needed when the heads share its lm_head (copied into each head)")
+                   help="the target model (hub id or path); needed when the heads share its lm_head")
     x.add_argument("--dtype", default=None, help="weights dtype on disk (default: as stored)")
-    g = sub.add_parser("generate", help="generate text and print it (or JSON)")
-    g.add_argument("--model", default=None, help="hub id or local path (default: the embedded model in assets/)")
-    g.add_argument("--heads", default=None, help="heads folder, 'random', or omit (embedded heads for the default model)")
+    g = sub.add_parser("generate", help="generate text and print it (or JSON)", formatter_class=DEFAULTS)
+    g.add_argument("--model", default=None, help="hub id or local path (default: the embedded model)")
+    g.add_argument("--heads", default=None, help="heads folder, hub id, 'random', or omit (embedded heads for the "
+                                                 "default model)")
     g.add_argument("--prompt", default=None)
     g.add_argument("--prompt-ids", default=None, help="comma-separated token ids instead of --prompt")
     g.add_argument("--max-new-tokens", type=int, default=64)
@@ -38,69 +70,116 @@ def main(argv=None) -> int:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--min-p", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--tree", default="auto", help="auto, trained, chain, small, default or none (root only: prompt lookup drafts everything)")
+    g.add_argument("--tree", default="auto", help="auto, trained, chain, small, default or none (root only: prompt "
+                                                  "lookup drafts everything)")
     g.add_argument("--lookup", type=int, default=None,
-                   help="prompt-lookup tokens drafted per round (0 = heads only; default 10, specdec.lookup.DEFAULT_LOOKUP)")
-    # Values are checked once, by the GenerationRequest that `generate` builds (not by argparse too).
+                   help="prompt-lookup tokens drafted per round (0 = heads only; default: specdec's, 10)")
     g.add_argument("--lookup-mode", default="first",
                    help="first: a round with an n-gram match drafts from lookup alone; merge: heads' tree + lookup")
     g.add_argument("--acceptance", default="auto", help="auto, greedy, lossless or typical (lossy)")
     g.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding (the baseline)")
     g.add_argument("--chat", action="store_true",
                    help="send the prompt as one user turn through the tokenizer's chat template")
-    g.add_argument("--device", default=None)
-    g.add_argument("--dtype", default=None)
-    g.add_argument("--json", action="store_true", help="print the full result (token_ids, text, stats, rounds) as JSON")
+    g.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: cuda when present)")
+    g.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bf16 on CUDA, else fp32)")
+    g.add_argument("--json", action="store_true", help="print the text and stats as one JSON object")
+    g.add_argument("--events", action="store_true", help="print every round event as one JSON line (JSON Lines)")
     a = ap.parse_args(argv)
     if a.cmd == "export-heads":
         return export_heads(a)
-
-    import specdec
-
     try:
-        loaded = specdec.load(a.model, a.heads, device=a.device, dtype=a.dtype)
-        ids = None
-        if a.prompt_ids:
-            ids = [int(x) for x in a.prompt_ids.split(",") if x.strip()]
-        res = specdec.generate(loaded, prompt=a.prompt, prompt_ids=ids, max_new_tokens=a.max_new_tokens,
-                               temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
-                               seed=a.seed, tree=a.tree, speculative=not a.no_speculation,
-                               acceptance=a.acceptance,
-                               lookup=specdec.api.DEFAULT_LOOKUP if a.lookup is None else a.lookup,
-                               lookup_mode=a.lookup_mode, chat=a.chat)
+        request = check_generate(a)  # everything that needs no model, before any weights are read
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    return generate(a, request)
+
+
+def check_generate(a: argparse.Namespace) -> dict:
+    """The generate flags checked without the model: the keyword arguments for `specdec.generate`."""
+    from . import hub
+    from .api import resolve_device, resolve_dtype
+    from .lookup import DEFAULT_LOOKUP
+    from .request import GenerationRequest
+    from .sampler import SamplingParams
+
+    ids = None
+    if a.prompt_ids is not None:
+        if a.prompt is not None or a.chat:
+            raise ValueError("`--prompt-ids` is raw token ids: give it without --prompt and --chat")
+        try:
+            ids = [int(x) for x in a.prompt_ids.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"`--prompt-ids` must be comma-separated integers, got {a.prompt_ids!r}") from None
+    elif a.prompt is None or not a.prompt.strip():
+        raise ValueError("`--prompt` is empty: give some text (or --prompt-ids)")
+    params = SamplingParams(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p, seed=a.seed)
+    lookup = DEFAULT_LOOKUP if a.lookup is None else a.lookup
+    GenerationRequest(ids or [0], a.max_new_tokens, params, a.tree, not a.no_speculation, a.acceptance, "auto", lookup,
+                      3, a.lookup_mode)  # ids are checked against the vocabulary after loading
+    resolve_dtype(a.dtype, resolve_device(a.device))
+    if a.model is not None:
+        hub.check(a.model, "model")
+    if a.heads not in (None, "random"):
+        hub.check(a.heads, "heads")
+    return dict(prompt=a.prompt, prompt_ids=ids, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
+                top_k=a.top_k, top_p=a.top_p, min_p=a.min_p, seed=a.seed, tree=a.tree,
+                speculative=not a.no_speculation, acceptance=a.acceptance, lookup=lookup,
+                lookup_mode=a.lookup_mode, chat=a.chat)
+
+
+def generate(a: argparse.Namespace, request: dict) -> int:
+    """Load, set up (the dynamic tree's cost model is measured on first use), then generate and report."""
+    import specdec
+
+    t0 = time.perf_counter()
+    try:
+        loaded = specdec.load(a.model, a.heads, device=a.device, dtype=a.dtype)
+        t1 = time.perf_counter()
+        if request["speculative"] and request["tree"] == "auto":
+            loaded.scheduler.call(loaded.engine.cost_model)
+        t2 = time.perf_counter()
+        res = specdec.generate(loaded, **request)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if "loaded" in locals() and loaded.serving:
+            loaded.scheduler.close()
+    s = res.stats
+    if a.events:
+        for ev in res.rounds:
+            print(json.dumps(ev.to_dict()))
     if a.json:
-        print(json.dumps(res.to_dict()))
-    else:
+        print(json.dumps({"text": res.text, "token_ids": res.token_ids, "stats": s,
+                          "load_seconds": t1 - t0, "setup_seconds": t2 - t1}))
+    elif not a.events:
         print((a.prompt or "") + res.text)
-        s = res.stats
-        print(f"\n[{s['new_tokens']} tokens, {s['target_forwards']} target forwards, "
-              f"mean accepted length {s['mean_accepted_length']:.2f}, {s['tokens_per_second']:.1f} tok/s]",
-              file=sys.stderr)
+    from .stats import summarize
+
+    dec = summarize(res.rounds)["decode_tokens_per_second"]
+    print(f"\n[{s['new_tokens']} tokens, {s['target_forwards']} target forwards, mean accepted length "
+          f"{s['mean_accepted_length']:.2f}; decode {dec or 0:.1f} tok/s; load {t1 - t0:.1f} s, setup "
+          f"{t2 - t1:.1f} s, first token {res.rounds[0].timings.get('total', 0):.0f} ms]", file=sys.stderr)
     return 0
 
 
 def export_heads(a: argparse.Namespace) -> int:
-    """Read heads in any layout and write them in another; shared projections become per-head copies."""
+    """Read heads in any layout and write them in another."""
+    from . import hub
     from .api import heads_folder, resolve_dtype
-    from .heads_io import read_heads, write_heads
+    from .heads_io import read_heads, stored_dtype, write_heads
 
     try:
         folder = heads_folder(a.heads)
-        dtype = resolve_dtype(a.dtype, __import__("torch").device("cpu")) if a.dtype else None
+        dtype = resolve_dtype(a.dtype, __import__("torch").device("cpu")) if a.dtype else stored_dtype(folder)
         target = None
         if a.model is not None:  # only its lm_head is needed: no tokenizer, no engine
             from transformers import AutoModelForCausalLM
 
-            try:
-                target = AutoModelForCausalLM.from_pretrained(a.model, dtype="float32")
-            except OSError as e:
-                raise ValueError(f"cannot load model {a.model!r}: {e}") from e
+            target = hub.pretrained(AutoModelForCausalLM, a.model, "model", dtype="float32")
         heads, tree, _ = read_heads(folder, target)
-        base = a.model
-        out = write_heads(heads, a.out, a.format, tree=tree, base_model=base, dtype=dtype)
+        out = write_heads(heads, a.out, a.format, tree=tree, base_model=a.model, dtype=dtype)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

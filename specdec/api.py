@@ -338,11 +338,27 @@ def generate_batch(loaded: Loaded, prompts: list[str] | None = None, prompt_ids:
     items = prompts if prompts is not None else prompt_ids
     if isinstance(items, str) or not isinstance(items, (list, tuple)) or not items:
         raise ValueError("`prompts` / `prompt_ids` must be a non-empty list")
-    requests = [_request(loaded, p if prompts is not None else None, p if prompts is None else None,
-                         max_new_tokens, temperature, top_k, top_p, min_p, seed, tree, speculative, acceptance,
-                         eos_token_id, lookup, lookup_ngram, lookup_mode, chat) for p in items]
+    field = "prompts" if prompts is not None else "prompt_ids"
+    # The shared settings first, so that their errors name the setting, not a prompt.
+    _request(loaded, None, [0], max_new_tokens, temperature, top_k, top_p, min_p, seed, tree, speculative,
+             acceptance, eos_token_id, lookup, lookup_ngram, lookup_mode, False)
+    requests = []
+    for i, p in enumerate(items):
+        try:
+            requests.append(_request(loaded, p if prompts is not None else None, p if prompts is None else None,
+                                     max_new_tokens, temperature, top_k, top_p, min_p, seed, tree, speculative,
+                                     acceptance, eos_token_id, lookup, lookup_ngram, lookup_mode, chat))
+        except ValueError as e:
+            raise ValueError(f"`{field}[{i}]`: {e}") from None
     t0 = time.perf_counter()
-    tickets = [loaded.scheduler.submit(r) for r in requests]
+    tickets = []
+    for i, r in enumerate(requests):
+        try:
+            tickets.append(loaded.scheduler.submit(r))  # checked against the model here (vocabulary, context)
+        except ValueError as e:
+            for t in tickets:
+                t.cancel()
+            raise ValueError(f"`{field}[{i}]`: {e}") from None
     out = []
     for t in tickets:
         t.done.wait()

@@ -126,7 +126,7 @@ class Forward:
             mask = torch.where(seen, zero, neg)[:, None]  # [B, 1, Tb, C]
             cache.write_index = slots[0] if solo else slots  # [Tb] for a SlotCache, [B, Tb] for a BatchCache
             try:
-                out = target.base(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=cache,
+                out = target.base(input_ids=ids, position_ids=pos, attention_mask=mask, **{target.cache_arg: cache},
                                   use_cache=True)
             finally:
                 cache.write_index = None

@@ -154,7 +154,7 @@ class Graphs:
         mask[..., 0] = 0
         self.target.base(input_ids=torch.zeros(1, 1, dtype=torch.long, device=dev),
                          position_ids=torch.zeros(1, 1, dtype=torch.long, device=dev), attention_mask=mask,
-                         past_key_values=core, use_cache=True)
+                         use_cache=True, **{self.target.cache_arg: core})
         core.write_index = None
         return core
 

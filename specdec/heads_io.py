@@ -83,7 +83,11 @@ def read_heads(directory: str | Path, target: nn.Module | None = None) -> tuple[
 
 def write_heads(heads: MedusaHeads, out: str | Path, fmt: str, tree=None, base_model: str | None = None,
                 dtype: torch.dtype | None = None) -> Path:
-    """Write heads in `fmt` ("specdec", "medusa" or "vllm"); shared projections are copied into each head."""
+    """Write heads in `fmt` ("specdec", "medusa" or "vllm") in `dtype` (default: as they are in memory).
+
+    A projection shared with the target's lm_head is written once as vLLM's `original_lm_head`; Medusa's
+    layout has no shared form, so there it is copied into each head.
+    """
     if fmt not in FORMATS:
         raise ValueError(f"`format` must be one of {FORMATS}, got {fmt!r}")
     d = Path(out)
@@ -96,6 +100,8 @@ def write_heads(heads: MedusaHeads, out: str | Path, fmt: str, tree=None, base_m
     d.mkdir(parents=True, exist_ok=True)
     cfg = heads.config
     L = cfg.num_layers
+    # one projection for every head (the target's, or equal copies read from such a layout): written once
+    shared = cfg.shared_lm_head or all(torch.equal(heads.lm_heads[0].weight, p.weight) for p in heads.lm_heads)
     state: dict[str, torch.Tensor] = {}
     for h in range(cfg.num_heads):
         for l, block in enumerate(heads.blocks[h]):
@@ -105,7 +111,12 @@ def write_heads(heads: MedusaHeads, out: str | Path, fmt: str, tree=None, base_m
             else:
                 state[f"blocks.{h}.layers.{l}.weight"], state[f"blocks.{h}.layers.{l}.bias"] = w, b
         proj = (heads._shared[0] if cfg.shared_lm_head else heads.lm_heads[h]).weight  # [V, H]
-        state[f"{h}.{L}.weight" if fmt == "medusa" else f"lm_heads.{h}.weight"] = proj
+        if fmt == "medusa":
+            state[f"{h}.{L}.weight"] = proj
+        elif shared:
+            state["lm_head.weight"] = proj
+        else:
+            state[f"lm_heads.{h}.weight"] = proj
     # safetensors refuses tensors that share memory (a shared projection), so every entry is its own copy.
     state = {k: v.detach().to(dtype or v.dtype).cpu().clone().contiguous() for k, v in state.items()}
     if fmt == "medusa":
@@ -116,12 +127,33 @@ def write_heads(heads: MedusaHeads, out: str | Path, fmt: str, tree=None, base_m
     else:
         config = {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": cfg.hidden_size,
                   "vocab_size": cfg.vocab_size, "truncated_vocab_size": cfg.vocab_size, "num_heads": cfg.num_heads,
-                  "num_hidden_layers": L, "medusa_fc_bias": True, "original_lm_head": False, "logit_scale": 1.0}
+                  "num_hidden_layers": L, "medusa_fc_bias": True, "original_lm_head": shared,
+                  "logit_scale": 1.0}
         save_file(state, str(d / VLLM_WEIGHTS), metadata={"format": "pt"})
     (d / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if tree:  # specdec reads it back; vLLM and Medusa ignore it
         (d / TREE_NAME).write_text(json.dumps({"paths": [list(p) for p in tree]}) + "\n")
     return d
+
+
+def stored_dtype(directory: str | Path) -> torch.dtype:
+    """The dtype a heads folder stores its weights in (read from the file's header, not its tensors)."""
+    d = Path(directory)
+    fmt = detect_format(d)
+    if fmt == "medusa" and (d / MEDUSA_FILES[1]).is_file() and not (d / MEDUSA_FILES[0]).is_file():
+        return next(iter(_load_weights(d / MEDUSA_FILES[1]).values())).dtype
+    path = d / {"specdec": "heads.safetensors", "medusa": MEDUSA_FILES[0], "vllm": VLLM_WEIGHTS}[fmt]
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            name = f.get_slice(next(iter(f.keys()))).get_dtype()  # "F16", "BF16", "F32"
+    except (OSError, SafetensorError, StopIteration) as e:
+        raise ValueError(f"heads: cannot read {path} ({e})") from e
+    dtypes = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
+    if name not in dtypes:
+        raise ValueError(f"heads: {path} stores {name} weights; specdec reads F16, BF16, F32 or F64")
+    return dtypes[name]
 
 
 # -- reading ---------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 import torch
 
-from .draft_tree import Tree, build_tree
+from .draft_tree import PRESETS, Tree, build_tree
 from .lookup import MAX_LOOKUP
 from .sampler import SamplingParams
 from .verifier import ACCEPTANCE_RULES
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 LOOKUP_MODES = ("first", "merge")
+TREE_NAMES = ("auto", "trained", "none", *PRESETS)  # "trained": the tree shipped with the heads
 MAX_LOOKUP_NGRAM = 8
 ROOT_ONLY = build_tree(())  # a round drafted by prompt lookup alone, or a plain round
 ParamsSource = SamplingParams | Callable[[], SamplingParams]
@@ -74,6 +75,8 @@ class GenerationRequest:
             raise ValueError("`params` must be a SamplingParams or a callable returning one")
         if not isinstance(self.speculative, bool):
             raise ValueError(f"`speculative` must be True or False, got {self.speculative!r}")
+        if isinstance(self.tree, str) and self.tree not in TREE_NAMES:
+            raise ValueError(f"`tree` must be one of {TREE_NAMES} (or rank paths, or a Tree), got {self.tree!r}")
         if self.acceptance != "auto" and self.acceptance not in ACCEPTANCE_RULES:
             raise ValueError(f"`acceptance` must be 'auto' or one of {ACCEPTANCE_RULES}, got {self.acceptance!r}")
         if not _is_int(self.lookup) or not 0 <= self.lookup <= MAX_LOOKUP:

@@ -222,6 +222,8 @@ def summarize(events: Sequence[RoundEvent], wall_seconds: float | None = None) -
         "tokens_per_second": throughput(new, engine_s),
         "seconds": wall_seconds,
         "wall_tokens_per_second": throughput(new, wall_seconds),
+        # the decode rounds alone (no prefill, no queue wait): what a longer run converges to
+        "decode_tokens_per_second": throughput(sum(len(ev.emitted) for ev in dec), engine_seconds(dec)),
         "finished": events[-1].finished if events else None,
         "rules": rules,
         "lossy": any(is_lossy(r) for r in rules),

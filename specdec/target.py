@@ -34,6 +34,7 @@ class TargetModel:
         self.lm_head = model.get_output_embeddings()
         if self.lm_head is None or self.base is model:
             raise ValueError(f"{type(model).__name__} is not a causal LM with a separate output projection")
+        self.cache_arg = cache_arg(self.base.forward)
         cfg = model.config
         # Decided once, at load: refuse what cannot roll back, switch what would ignore the tree mask.
         self.layout = attention_layout(cfg)
@@ -255,7 +256,7 @@ class TargetModel:
         hides = kv_cache.hides_slots(cache)
         pos, kwargs = self._inputs(T, past, kv_cache.mask_width(cache, T), tree_mask, depth, hides)
         out = self.base(input_ids=input_ids.to(self.device)[None], position_ids=pos[None],
-                        past_key_values=cache, use_cache=True, **kwargs)
+                        **{self.cache_arg: cache}, use_cache=True, **kwargs)
         kv_cache.advance(cache, T)
         return out.last_hidden_state[0]
 
@@ -307,7 +308,7 @@ class TargetModel:
                                                                     "sliding_attention": windowed}
         else:
             mask = mask.to(self.device)
-        out = self.base(input_ids=ids.to(self.device), position_ids=pos.to(self.device), past_key_values=cache,
+        out = self.base(input_ids=ids.to(self.device), position_ids=pos.to(self.device), **{self.cache_arg: cache},
                         use_cache=True, attention_mask=mask)
         return out.last_hidden_state  # [b, T, H]
 
@@ -324,7 +325,7 @@ class TargetModel:
         width = cache.begin(row, 1, T)
         pos, kwargs = self._inputs(T, cache.starts[0], width, *(tree or (None, None)), hides_slots=False)
         out = self.base(input_ids=torch.tensor([tokens], device=self.device), position_ids=pos[None],
-                        past_key_values=cache, use_cache=True, **kwargs)
+                        **{self.cache_arg: cache}, use_cache=True, **kwargs)
         return out.last_hidden_state  # [1, T, H]
 
     def _inputs(self, T: int, past: int, width: int, tree_mask: torch.Tensor | None, depth: torch.Tensor | None,
@@ -383,3 +384,11 @@ class TargetModel:
         if self.softcap:
             x = torch.tanh(x / self.softcap) * self.softcap
         return finite_logits(x.float())  # an fp16 overflow to +inf must not become NaN downstream
+
+
+def cache_arg(fn) -> str:
+    """The name `fn` (a model's forward, or `generate`) gives its KV cache input: `cache` in newer transformers,
+    `past_key_values` before (which newer versions still take, with a FutureWarning)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(fn).parameters else "past_key_values"

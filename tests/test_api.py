@@ -1,6 +1,8 @@
 """specdec.api: chat prompts through the tokenizer's template, and heads from folders or hub ids."""
 from __future__ import annotations
 
+import time
+
 import pytest
 from transformers import AutoTokenizer
 
@@ -50,7 +52,7 @@ def test_chat_without_a_template_is_a_clear_error(embedded):
 def test_heads_argument_errors(embedded, tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         specdec.load(embedded.model, heads=str(tmp_path / "nope" / "heads"))
-    with pytest.raises(ValueError, match="neither a local folder nor a downloadable hub repo"):
+    with pytest.raises(ValueError, match="neither a local folder nor a repository on the Hugging Face hub"):
         specdec.load(embedded.model, heads="no-such-owner/no-such-heads")  # offline here: a clear error
 
 
@@ -66,6 +68,19 @@ def test_generate_batch_equals_generate_per_prompt(embedded):
     for bad in ([], "one string", None):
         with pytest.raises(ValueError, match="prompts"):
             specdec.generate_batch(embedded, bad)
+
+
+def test_generate_batch_names_the_prompt_at_fault(embedded):
+    with pytest.raises(ValueError, match=r"^`prompts\[2\]`: `prompt` is empty"):
+        specdec.generate_batch(embedded, ["a", "b", "  "])
+    with pytest.raises(ValueError, match=r"^`prompt_ids\[1\]`: `prompt_ids` must be in \[0, 4095\]"):
+        specdec.generate_batch(embedded, prompt_ids=[[5, 6], [5, 99999]], max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"^`temperature` must be"):  # a shared setting names itself
+        specdec.generate_batch(embedded, ["a", "b"], temperature=-1)
+    deadline = time.monotonic() + 30  # the prompts before the bad one were cancelled, not left running
+    while (embedded.scheduler.stats()["decoding"] or embedded.scheduler.stats()["waiting"]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not embedded.scheduler.stats()["decoding"] and not embedded.scheduler.stats()["waiting"]
 
 
 def test_generate_raises_request_failed_with_the_partial_output(embedded):

@@ -185,9 +185,17 @@ def test_vllm_export_has_the_layout_vllm_loads(model, tmp_path):
     assert cfg["medusa_fc_bias"] is True
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
         assert sorted(f.keys()) == ["blocks.0.layers.0.bias", "blocks.0.layers.0.weight", "blocks.1.layers.0.bias",
-                                    "blocks.1.layers.0.weight", "lm_heads.0.weight", "lm_heads.1.weight"]
-        # the shared lm_head is copied into each head
-        assert torch.equal(f.get_tensor("lm_heads.1.weight"), model.get_output_embeddings().weight)
+                                    "blocks.1.layers.0.weight", "lm_head.weight"]
+        # the shared lm_head is written once, as vLLM's `original_lm_head`
+        assert torch.equal(f.get_tensor("lm_head.weight"), model.get_output_embeddings().weight)
+    assert cfg["original_lm_head"] is True
+    own = random_heads(model, num_heads=2, num_layers=1, shared_lm_head=False)  # copies of lm_head, as trained
+    with torch.no_grad():
+        own.lm_heads[1].weight.add_(0.01)  # a trained head's own projection
+    write_heads(own, tmp_path / "own", "vllm")
+    assert json.loads((tmp_path / "own" / "config.json").read_text())["original_lm_head"] is False
+    with safe_open(str(tmp_path / "own" / "model.safetensors"), "pt") as f:
+        assert {"lm_heads.0.weight", "lm_heads.1.weight"} <= set(f.keys()) and "lm_head.weight" not in f.keys()
 
 
 def test_export_heads_cli(model, tmp_path, capsys):
@@ -204,3 +212,18 @@ def test_export_heads_cli(model, tmp_path, capsys):
     assert cli(["export-heads", "--heads", str(tmp_path / "medusa"), "--format", "vllm", "--out",
                 str(tmp_path / "vllm")]) == 0
     assert detect_format(tmp_path / "vllm") == "vllm"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_export_heads_keeps_the_stored_dtype(model, tmp_path, dtype):
+    from safetensors import safe_open
+
+    model.save_pretrained(tmp_path / "model")
+    random_heads(model, num_heads=2, shared_lm_head=False).save(tmp_path / "heads", dtype=dtype)
+    assert cli(["export-heads", "--heads", str(tmp_path / "heads"), "--format", "vllm", "--out", str(tmp_path / "v")]) == 0
+    with safe_open(str(tmp_path / "v" / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {dtype}
+    assert cli(["export-heads", "--heads", str(tmp_path / "v"), "--format", "medusa", "--out", str(tmp_path / "m"),
+                "--dtype", "float32"]) == 0  # --dtype still chooses
+    with safe_open(str(tmp_path / "m" / "medusa_lm_head.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float32}

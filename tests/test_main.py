@@ -12,11 +12,38 @@ def test_generate_prints_the_text_and_the_stats(capsys):
     assert out.startswith("def f(x):") and "6 tokens" in err and "mean accepted length" in err
 
 
-def test_generate_json_is_the_full_result(capsys):
+def test_generate_json_is_the_text_and_stats(capsys):
     assert cli(["generate", "--prompt", "class A:", "--max-new-tokens", "5", "--json", "--no-speculation"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert len(res["token_ids"]) == 5 and res["stats"]["mean_accepted_length"] == 1.0
-    assert len(res["rounds"]) == 5
+    assert "rounds" not in res and res["text"] and res["load_seconds"] > 0
+
+
+def test_generate_events_prints_each_round_as_a_json_line(capsys):
+    assert cli(["generate", "--prompt", "class A:", "--max-new-tokens", "5", "--events", "--no-speculation"]) == 0
+    out, err = capsys.readouterr()
+    rounds = [json.loads(line) for line in out.splitlines()]
+    assert [r["index"] for r in rounds] == [0, 1, 2, 3, 4] and "decode" in err and "tok/s" in err
+
+
+def test_the_cli_refuses_bad_values_before_it_loads_anything(monkeypatch, capsys):
+    import specdec
+
+    def load(*a, **k):
+        raise AssertionError("loaded before the flags were checked")
+
+    monkeypatch.setattr(specdec, "load", load)
+    for args, words in ((["--temperature", "-1"], "`temperature` must be"),
+                        (["--top-p", "1.5"], "`top_p` must be"),
+                        (["--max-new-tokens", "0"], "`max_new_tokens` must be an integer >= 1"),
+                        (["--tree", "bushy"], "`tree` must be one of"),
+                        (["--device", "cuda:7"], "`device` 'cuda:7' is not available"),
+                        (["--dtype", "int3"], "`dtype` must be one of"),
+                        (["--model", "./no/such/folder"], "`model` path './no/such/folder' does not exist")):
+        assert cli(["generate", "--prompt", "x", *args]) == 2, args
+        assert words in capsys.readouterr().err, args
+    assert cli(["generate", "--prompt", "   "]) == 2
+    assert "`--prompt` is empty" in capsys.readouterr().err
 
 
 def test_bad_values_are_the_requests_messages(capsys):

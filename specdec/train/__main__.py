@@ -1,4 +1,4 @@
-"""`python -m specdec.train {tokenizer,data,lm,heads} ...`
+"""`specdec train {tokenizer,data,lm,heads,tree} ...` (also `python -m specdec.train`)
 
 Reproduces the embedded model in assets/ (see assets/README.md for the
 exact commands) and trains Medusa heads for any HF causal LM.
@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import hub
+from ..__main__ import DEFAULTS
 from .prompts import DEFAULT_FIELDS
 
 
@@ -34,21 +35,21 @@ def _logging(path: Path) -> None:
     log.propagate = False
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specdec.train", description=__doc__)
+def main(argv=None, prog: str = "python -m specdec.train") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=DEFAULTS)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    t = sub.add_parser("tokenizer", help="train a byte-level BPE on the local Python corpus")
+    t = sub.add_parser("tokenizer", formatter_class=DEFAULTS, help="train a byte-level BPE on the local Python corpus")
     t.add_argument("--out", required=True)
     t.add_argument("--vocab-size", type=int, default=8192)
     t.add_argument("--max-chars", type=int, default=60_000_000)
 
-    d = sub.add_parser("data", help="tokenise the local Python corpus into train/valid arrays")
+    d = sub.add_parser("data", formatter_class=DEFAULTS, help="tokenise the local Python corpus into train/valid arrays")
     d.add_argument("--tokenizer", required=True)
     d.add_argument("--out", required=True)
     d.add_argument("--max-chars", type=int, default=300_000_000)
 
-    m = sub.add_parser("lm", help="train the Llama backbone")
+    m = sub.add_parser("lm", formatter_class=DEFAULTS, help="train the Llama backbone")
     m.add_argument("--data", required=True)
     m.add_argument("--tokenizer", required=True)
     m.add_argument("--out", required=True)
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
     m.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch default)")
     m.add_argument("--no-resume", action="store_true")
 
-    h = sub.add_parser("heads", help="train Medusa heads for any HF causal LM (backbone frozen)",
+    h = sub.add_parser("heads", formatter_class=DEFAULTS, help="train Medusa heads for any HF causal LM (backbone frozen)",
                        description="Self-distil the model on prompts (your --prompts file, a --dataset, or the local "
                                    "Python corpus), train heads on its replies, write heads, metrics and a model card.")
     h.add_argument("--model", required=True, help="hub id or local path")
@@ -112,7 +113,7 @@ def main(argv=None) -> int:
     h.add_argument("--seed", type=int, default=0)
     h.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch default)")
 
-    tr = sub.add_parser("tree", help="pick the tree for trained heads: best expected length per ms on this machine")
+    tr = sub.add_parser("tree", formatter_class=DEFAULTS, help="pick the tree for trained heads: best expected length per ms on this machine")
     tr.add_argument("--model", required=True)
     tr.add_argument("--heads", required=True, help="heads folder with heads_metrics.json beside or inside it")
     tr.add_argument("--variant", default=None, help="variant key inside heads_metrics.json")

@@ -28,6 +28,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from ..engine import default_eos
 from ..sampler import finite_logits
+from ..target import cache_arg
 
 log = logging.getLogger("specdec.train")
 
@@ -225,7 +226,7 @@ def generate_shard(model, prompts: list[list[int]], cfg: DistillConfig, greedy: 
     cache = reserved_cache(model, L + cfg.gen_len)
     with torch.inference_mode():
         out = model.generate(x.to(dev), attention_mask=mask.to(dev), generation_config=gc, logits_processor=procs,
-                             **({"past_key_values": cache} if cache is not None else {}))
+                             **({cache_arg(model.generate): cache} if cache is not None else {}))
     new = out[:, L:].cpu()  # [B, <= gen_len]
     rows, prompt_lens = [], []
     for b, p in enumerate(prompts):

@@ -116,7 +116,10 @@ def train_heads(model, tokenizer, out_dir: str | Path, variants: dict[str, dict]
     rng = np.random.default_rng(seed)
     step, t_start = 0, time.perf_counter()
     base = model.base_model
-    bar = tqdm(desc="heads", total=max_steps or None, unit="step")
+    # Under a time budget the bar counts seconds, so its ETA is the budget's; the loss shows from step 1.
+    bar = tqdm(desc="heads", total=max_steps or max_seconds, unit="step" if max_steps else "s",
+               bar_format=None if max_steps else "{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]")
+    shown, smooth = 0.0, None
 
     def done() -> bool:
         if max_steps:
@@ -141,11 +144,18 @@ def train_heads(model, tokenizer, out_dir: str | Path, variants: dict[str, dict]
             loss.backward()
             opt.step()
         step += 1
-        bar.update(1)
-        if step % 100 == 0:
+        if step <= 10 or step % 10 == 0:  # a read of the loss waits for the device: not every step on CUDA
             value = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
-            bar.set_postfix(loss=f"{value:.3f}")
-            log.info("heads step %d loss %.4f", step, value)
+            smooth = value if smooth is None else 0.8 * smooth + 0.2 * value
+            bar.set_postfix(step=step, loss=f"{smooth:.3f}", refresh=False)
+            if step in (1, 10) or step % 100 == 0:
+                log.info("heads step %d loss %.4f", step, value)
+        if max_steps:
+            bar.update(1)
+        else:
+            now = min(time.perf_counter() - t_start, max_seconds)
+            bar.update(now - shown)
+            shown = now
     bar.close()
     train_s = time.perf_counter() - t_start
     metrics = {"distill_seconds": distill_s, "train_seconds": train_s, "steps": step,
