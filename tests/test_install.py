@@ -6,11 +6,10 @@ import site
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
-
-import specdec.api
 
 pytestmark = pytest.mark.install  # deselected by the quick loop (-m "not slow"); CI runs it
 
@@ -61,11 +60,6 @@ def test_pip_install_gives_the_package_its_assets_and_the_commands(installed):
     assert r.returncode == 0 and r.stdout.startswith("def f(x):"), r.stderr
 
 
-# The embedded default needs specdec/api.py to look inside the installed package first (the proposed
-# `_assets_dir`); until then `specdec generate` without --model cannot find it from another directory.
-@pytest.mark.xfail(not hasattr(specdec.api, "_assets_dir"), strict=True,
-                   reason="specdec/api.py looks for assets/ beside the package only; the wheel ships them in "
-                          "specdec/assets (pyproject.toml), and api.ASSETS must look there first")
 def test_installed_specdec_generate_uses_the_embedded_model_from_elsewhere(installed):
     venv, elsewhere = installed
     r = _run([str(venv / "bin" / "specdec"), "generate", "--prompt", "def f(x):", "--max-new-tokens", "8"],
@@ -73,3 +67,59 @@ def test_installed_specdec_generate_uses_the_embedded_model_from_elsewhere(insta
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("def f(x):") and len(r.stdout) > len("def f(x):")
     assert "mean accepted length" in r.stderr
+
+
+def test_the_library_and_serve_need_no_gradio(installed):
+    """gradio and plotly are the `app` extra's; the library, the CLI and `serve` import neither."""
+    venv, elsewhere = installed
+    py = str(venv / "bin" / "python")
+    r = _run([py, "-c", "import importlib.metadata as m; print(m.requires('specdec'))"], elsewhere)
+    requires = eval(r.stdout)  # a printed list of requirement strings
+    core = [q for q in requires if "extra ==" not in q]
+    assert not any(q.startswith(("gradio", "plotly")) for q in core), core
+    assert any(q.startswith("gradio") and 'extra == "app"' in q for q in requires), requires
+    assert "torch>=2.8" in core and not any(q.startswith("torch") and "<" in q for q in core)
+    r = _run([py, "-c", "import sys, specdec, specdec.serve, specdec.__main__; "
+                        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('gradio', 'plotly')))"], elsewhere)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def _serving(cmd: list[str], cwd: Path, url: str, timeout: float = 120.0) -> str:
+    """Start `cmd`, wait until `url` answers 200, return its body, and stop the process."""
+    import httpx
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False")
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                r = httpx.get(url, timeout=2)
+                if r.status_code == 200:
+                    return r.text
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"{url} did not answer within {timeout} s")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_installed_serve_and_app_run_from_elsewhere(installed):
+    from conftest import free_port
+
+    venv, elsewhere = installed
+    port = free_port()
+    body = _serving([str(venv / "bin" / "specdec"), "serve", "--port", str(port)], elsewhere,
+                    f"http://127.0.0.1:{port}/v1/models")
+    assert '"embedded"' in body
+    port = free_port()
+    body = _serving([str(venv / "bin" / "specdec"), "app", "--port", str(port)], elsewhere,
+                    f"http://127.0.0.1:{port}/")
+    assert "specdec" in body

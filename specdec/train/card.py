@@ -100,9 +100,11 @@ def render_card(metrics: dict, variant: str, heads_dir: Path) -> str:
         "```bash",
         f"specdec generate --model {model_arg} --heads {heads_arg} --prompt \"Hello\""
         + (" --chat" if data.get("chat") else ""),
-        f"python app.py --model {model_arg} --heads {heads_arg}",
+        "# an OpenAI-compatible server, and the demo (pip install 'specdec[app]'):",
+        f"specdec serve --model {model_arg} --heads {heads_arg}",
+        f"specdec app --model {model_arg} --heads {heads_arg}",
         "# vLLM's Medusa layout:",
-        f"python -m specdec export-heads --heads {heads_arg} --format vllm --out {heads_arg}-vllm",
+        f"specdec export-heads --heads {heads_arg} --format vllm --out {heads_arg}-vllm",
         "# publish on the hub (huggingface_hub's CLI; log in first with `hf auth login`):",
         f"hf upload <user>/<repo> {heads_arg} .",
         "```",
