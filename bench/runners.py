@@ -1,4 +1,5 @@
-"""One timed call of one method on one prompt: HF `generate`, or specdec's engine through a GenerationRequest."""
+"""One timed call of one method on one prompt: HF `generate`, or a specdec request on the scheduler (the path
+`specdec.generate`, the app and `specdec serve` take)."""
 from __future__ import annotations
 
 import gc
@@ -106,8 +107,9 @@ def run_engine(loaded: specdec.Loaded, ids: list[int], m: Method, cfg: BenchConf
     marks: list[tuple[float, int]] = []
     _sync(loaded.device)
     t0 = time.perf_counter()
-    events = [ev for ev in loaded.engine.stream(request, on_round=lambda ev: marks.append(
-        (time.perf_counter() - t0, len(ev.emitted))))]
+    ticket = loaded.scheduler.submit(request, on_round=lambda ev: marks.append(
+        (time.perf_counter() - t0, len(ev.emitted))))
+    events = ticket.result()
     _sync(loaded.device)
     seconds = time.perf_counter() - t0
     stage = dict.fromkeys(STAGES + ("total",), 0.0)

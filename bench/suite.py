@@ -43,7 +43,7 @@ def benchmark(cfg: BenchConfig, loaded: specdec.Loaded | None = None, oracle: Or
     methods = select_methods(cfg.methods, loaded.heads is not None, bool(loaded.tree_paths), oracle is not None)
     for m in methods:  # every request is checked before the first timed run, not in the middle of one
         if m.backend == "engine":
-            loaded.engine.stream(engine_request(m, cfg, prompts[0], cfg.seed, cfg.max_new_tokens)).close()
+            engine_request(m, cfg, prompts[0], cfg.seed, cfg.max_new_tokens).plan(loaded.engine)
     N = cfg.max_new_tokens
 
     # The oracle needs the greedy continuation (plus room for the deepest head) before any engine run: the
