@@ -1,12 +1,13 @@
-"""Every figure of the embedded model's card, for the model in assets/ or any other one (issue 14's targets).
+"""Every figure of the embedded model's card, for the model in assets/ or any other one, next to its target.
 
     python scripts/eval_embedded.py --json assets/logs/eval_embedded.json          # the shipped model
     python scripts/eval_embedded.py --model runs/gpu/model --heads runs/gpu/heads   # a candidate
 
 Measures, on this machine:
-- bits per byte over `scripts/heldout_python/` (modules written by hand for evaluation, never part
-  of a training corpus): the total NLL in bits divided by the texts' UTF-8 bytes, the figure that
-  compares models with different tokenizers;
+- bits per byte over `assets/heldout_python.jsonl` (one `{"name", "text"}` record per module written
+  by hand for evaluation, never part of a training corpus, which is the Python source of installed
+  packages): the total NLL in bits divided by the texts' UTF-8 bytes, the figure that compares
+  models with different tokenizers;
 - held-out loss in nats/token (and bits per byte) over validation-split modules of the local
   Python installation (split by a hash of the file path, as in training);
 - greedy tau with the heads alone on the shipped static tree, and whether every output equals plain
@@ -36,15 +37,22 @@ from specdec.api import DEFAULT_HEADS, DEFAULT_MODEL  # noqa: E402
 from specdec.train.corpus import iter_source_files, read_text  # noqa: E402
 from specdec.train.prompts import corpus_prompts  # noqa: E402
 
-HELDOUT = Path(__file__).resolve().parent / "heldout_python"
+HELDOUT = ROOT / "assets" / "heldout_python.jsonl"
 DEMO = ["def fibonacci(n):", "class Stack:", "import os\n\ndef list_files(path):", "def quicksort(items):"]
-# Issue 14's targets, for the table at the end: (figure, key, comparison, value).
+# The embedded model's targets, for the table at the end: (figure, key, comparison, value).
 TARGETS = [("held-out loss (validation modules), nats/token", "valid_nats_per_token", "<=", 2.0),
            ("bits per byte, hand-written held-out Python", "heldout_bits_per_byte", "<=", 1.0),
            ("sampled tau, T=0.7 top-p 0.9, default drafting", "sampled_tau_default", ">=", 2.3),
            ("greedy tau, heads alone", "greedy_tau_heads", ">=", 3.5),
            ("plain decoding on this CPU, tokens/s", "plain_tokens_per_second", ">=", 30.0),
            ("model + heads size, MB", "size_mb", "<=", 64.0)]
+
+
+def heldout_texts(path: Path = HELDOUT) -> list[tuple[str, str]]:
+    """The held-out modules as (name, text), in the file's order."""
+    with open(path, encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    return [(r["name"], r["text"]) for r in records]
 
 
 @torch.inference_mode()
@@ -134,7 +142,7 @@ def main() -> None:
     out: dict = {"model": shown[0], "heads": shown[1], "params": sum(p.numel() for p in model.parameters()),
                  "vocab_size": len(tok), "context": context, "threads": torch.get_num_threads()}
 
-    texts = [p.read_text() for p in sorted(HELDOUT.glob("*.py"))]
+    texts = [text for _, text in heldout_texts()]
     out["heldout"] = bits_per_byte(model, tok, texts, context)
     out["heldout_bits_per_byte"] = out["heldout"]["bits_per_byte"]
     out["valid"] = bits_per_byte(model, tok, validation_texts(a.valid_files), context)

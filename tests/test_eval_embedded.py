@@ -71,7 +71,16 @@ def test_bits_per_byte_divides_bits_by_utf8_bytes(ev, byte_model, byte_tokenizer
 def test_the_held_out_texts_are_python(ev):
     import ast
 
-    files = sorted(ev.HELDOUT.glob("*.py"))
-    assert len(files) >= 8
-    for f in files:
-        ast.parse(f.read_text())
+    texts = ev.heldout_texts()
+    assert len(texts) >= 8
+    assert len({name for name, _ in texts}) == len(texts)
+    for name, text in texts:
+        assert name.endswith(".py") and text.strip()
+        ast.parse(text, filename=name)
+
+
+def test_the_held_out_texts_are_read_whole(ev, tmp_path):
+    path = tmp_path / "held.jsonl"
+    path.write_text('{"name": "a.py", "text": "x = 1\\n"}\n\n{"name": "b.py", "text": "y = \'é\'\\r\\n"}\n',
+                    encoding="utf-8")
+    assert ev.heldout_texts(path) == [("a.py", "x = 1\n"), ("b.py", "y = 'é'\r\n")]
