@@ -21,16 +21,13 @@ process boundary changes for a request, and why it stays exact:
   still runs under one whole `SamplingParams`, so each round's law is exact.
 - `should_stop` is read here after each event; a request asked to stop ends after the round that
   follows (one round later than in-process).
-- The engine's process ending (killed, out of memory) fails every request in flight with a message and
-  refuses new ones; nothing waits forever.
+- The engine's process ending (killed, out of memory) fails every request in flight with a message, and a
+  new process takes over (`specdec.supervisor`): later requests wait for it, and nothing waits forever.
 """
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
-import multiprocessing as mp
-import queue
 import signal
 import threading
 import time
@@ -39,14 +36,12 @@ from typing import Callable, Iterator
 
 import torch
 
-from .batch import Failure, _message
 from .engine import RoundEvent
 from .request import GenerationRequest
-from .scheduler import SchedulerMetrics, Ticket
+from .scheduler import SchedulerMetrics
+from .supervisor import ENGINE_GONE, RemoteTicket, Supervisor  # noqa: F401 (ENGINE_GONE: callers match it)
 
 log = logging.getLogger(__name__)
-
-ENGINE_GONE = "the engine's process has ended"
 
 
 # -- the engine's process -----------------------------------------------------------------------------
@@ -213,242 +208,60 @@ def _serve(conn, load_kwargs: dict, threads) -> None:
     _Server(conn, load_kwargs, threads).run()
 
 
-# -- the caller's side --------------------------------------------------------------------------------
-class RemoteTicket(Ticket):
-    """A request in the engine's process: iterate it for its events, as a `scheduler.Ticket`."""
-
-    def __init__(self, conn: "_Connection", rid: int, params, callbacks: list, should_stop) -> None:
-        super().__init__(rid, None, callbacks, should_stop)
-        self.conn = conn
-        self.params = params  # a live callable, or None
-        self._sent_params = None
-        self._stopping = False
-
-    def cancel(self) -> None:
-        """Stop this request: it leaves the batch before its next round there."""
-        if not self._cancelled and not self.done.is_set():
-            self._cancelled = True
-            self.conn.post(("cancel", self.rid))
-
-    # -- the delivery thread -----------------------------------------------------------------------
-    def _arrive(self, ev: RoundEvent) -> None:
-        """An event from the engine: this side's callbacks, the client's queue, then live params and Stop."""
-        if self.done.is_set() or self._cancelled:
-            return
-        if not self._check(lambda: [cb(ev) for cb in self.callbacks], "callback", "on_round", ev.index):
-            return
-        self._deliver(ev)
-        if ev.finished is not None:
-            return
-        if self.params is not None and not self._check(self._send_params, "params", "params", ev.index):
-            return
-        if self.should_stop is not None and not self._stopping:
-            self._check(self._ask_stop, "callback", "should_stop", ev.index)
-
-    def _send_params(self) -> None:
-        now = self.params()
-        if now != self._sent_params:
-            self._sent_params = now
-            self.conn.post(("params", self.rid, now))
-
-    def _ask_stop(self) -> None:
-        if self.should_stop():
-            self._stopping = True
-            self.conn.post(("stop", self.rid))
-
-    def _check(self, fn: Callable[[], object], cause: str, step: str, index: int) -> bool:
-        """Run one of this side's steps; an error ends the request as the scheduler would (`cause`, counted)."""
-        try:
-            fn()
-            return True
-        except Exception as e:  # noqa: BLE001 (the scheduler's rule: it ends its own request only)
-            self.conn.post(("cancel", self.rid))
-            self.conn.count_failure(cause)
-            self._end(Failure(cause, step, index, _message(e)))
-            return False
-
-
-class _Connection:
-    """The pipe to the engine's process: a reader thread for what comes back, a delivery thread for events."""
-
-    def __init__(self, conn, proc) -> None:
-        self.conn = conn
-        self.proc = proc
-        self.metrics: SchedulerMetrics | None = None
-        self._lock = threading.Lock()
-        self._ids = itertools.count()
-        self._tickets: dict[int, RemoteTicket] = {}
-        self._calls: dict[int, Future] = {}
-        self._gone = False
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._reader = threading.Thread(target=self._read, name="specdec-engine-reader", daemon=True)
-        self._reader.start()
-        threading.Thread(target=self._deliver, name="specdec-engine-delivery", daemon=True).start()
-
-    def next_id(self) -> int:
-        return next(self._ids)
-
-    def post(self, msg) -> None:
-        """Send without waiting for an answer (quietly nothing once the engine is gone)."""
-        with self._lock:
-            if self._gone:
-                return
-            try:
-                self.conn.send(msg)
-            except (OSError, EOFError, BrokenPipeError):
-                pass
-
-    def call(self, kind: str, *args, timeout: float | None = None):
-        """Send a message that answers, and return its answer (or raise what the engine raised)."""
-        return self.call_soon(kind, *args).result(timeout)
-
-    def call_soon(self, kind: str, *args) -> Future:
-        """Send a message that answers, without waiting: its Future (set on the reader thread)."""
-        cid = self.next_id()
-        fut: Future = Future()
-        with self._lock:
-            if self._gone:
-                fut.set_exception(RuntimeError(ENGINE_GONE))
-                return fut
-            self._calls[cid] = fut
-            self.conn.send((kind, cid, *args))
-        return fut
-
-    def add(self, ticket: RemoteTicket) -> None:
-        with self._lock:
-            self._tickets[ticket.rid] = ticket
-
-    def drop(self, rid: int) -> None:
-        with self._lock:
-            self._tickets.pop(rid, None)
-
-    def count_failure(self, cause: str) -> None:
-        if self.metrics is not None:
-            self.metrics.observe_failure(cause)
-
-    def _read(self) -> None:
-        """Answers and metrics are handled here; a request's events and its end go to the delivery thread
-        in order, because a callback may itself call the engine (and wait for an answer read here)."""
-        while True:
-            try:
-                msg = self.conn.recv()
-            except (EOFError, OSError):
-                break
-            kind = msg[0]
-            if kind == "ret":
-                with self._lock:
-                    fut = self._calls.pop(msg[1], None)
-                if fut is not None:
-                    fut.set_result(msg[3]) if msg[2] else fut.set_exception(msg[3])
-            elif kind == "metric":
-                if self.metrics is not None:
-                    getattr(self.metrics, msg[1])(msg[2])
-            else:
-                self._inbox.put(msg)
-        self._lost()
-
-    def _deliver(self) -> None:
-        while True:
-            msg = self._inbox.get()
-            kind = msg[0]
-            if kind == "ev":
-                t = self._tickets.get(msg[1])
-                if t is not None:
-                    t._arrive(msg[2])
-            elif kind == "end":
-                with self._lock:
-                    t = self._tickets.pop(msg[1], None)
-                if t is not None:
-                    t._end(msg[2])
-            elif kind == "lost":
-                self._fail_all()
-                return
-
-    def _lost(self) -> None:
-        """The engine's process ended: every waiter gets an error now, and later calls are refused. Calls
-        fail here on the reader thread (a callback on the delivery thread may be waiting on one); the
-        requests fail on the delivery thread, after the events that came before."""
-        with self._lock:
-            self._gone = True
-            calls = list(self._calls.values())
-            self._calls.clear()
-        for fut in calls:
-            fut.set_exception(RuntimeError(ENGINE_GONE))
-        self._inbox.put(("lost",))
-
-    def _fail_all(self) -> None:
-        with self._lock:
-            tickets = list(self._tickets.values())
-            self._tickets.clear()
-        if tickets:
-            log.error("%s (exit code %s): failing %d requests", ENGINE_GONE, self.proc.exitcode, len(tickets))
-        for t in tickets:
-            t._end(Failure("error", "engine", len(t.events), ENGINE_GONE))
-
-    @property
-    def gone(self) -> bool:
-        return self._gone
-
-    def close(self, timeout: float = 10.0) -> None:
-        self.post(("close",))
-        self.proc.join(timeout)
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(timeout)
-        # The engine has gone, so the reader reads EOF and ends; only then is the pipe closed here: a reader
-        # still inside recv() could otherwise read from whatever file takes the freed descriptor's number.
-        self._reader.join(timeout)
-        self.conn.close()
-
-
+# -- the caller's side (the pipe and its supervision: specdec.supervisor) -----------------------------
 class RemoteScheduler:
     """The engine process's scheduler, with `Scheduler`'s face for submitting requests."""
 
-    def __init__(self, conn: _Connection, max_batch_size: int) -> None:
-        self._conn = conn
+    def __init__(self, supervisor: Supervisor, max_batch_size: int) -> None:
+        self._supervisor = supervisor
         self.max_batch_size = max_batch_size
 
     def submit(self, request, *fields, on_round=None, should_stop: Callable[[], bool] | None = None,
                **named) -> RemoteTicket:
-        """Queue a request there; a request it refuses raises ValueError here, before any token."""
+        """Queue a request there; a request it refuses raises ValueError here, before any token. While the
+        process is being replaced this waits for the new one."""
         if not isinstance(request, GenerationRequest):
             request = GenerationRequest(request, *fields, **named)
         elif fields or named:
             raise TypeError("pass a GenerationRequest alone, or its fields, not both")
         live = request.params if callable(request.params) else None
-        if live is not None:  # sent as its value now; later values follow the events (RemoteTicket._deliver)
+        if live is not None:  # sent as its value now; later values follow the events (RemoteTicket._arrive)
             request = dataclasses.replace(request, params=live())
         callbacks = [] if on_round is None else ([on_round] if callable(on_round) else list(on_round))
-        ticket = RemoteTicket(self._conn, self._conn.next_id(), live, callbacks, should_stop)
-        ticket._sent_params = request.params
-        self._conn.add(ticket)  # before the engine can send its first event
-        try:
-            self._conn.call("submit", ticket.rid, request, live is not None)
-        except BaseException:
-            self._conn.drop(ticket.rid)
-            raise
-        return ticket
+        for attempt in (1, 2):
+            conn = self._supervisor.connection()
+            ticket = RemoteTicket(conn, conn.next_id(), live, callbacks, should_stop)
+            ticket._sent_params = request.params
+            conn.add(ticket)  # before the engine can send its first event
+            try:
+                conn.call("submit", ticket.rid, request, live is not None)
+                return ticket
+            except BaseException:
+                conn.drop(ticket.rid)
+                # A process that died before it took the request: nothing ran, so its replacement takes it.
+                if not (conn.gone and attempt == 1):
+                    raise
 
     def stream(self, request, *fields, on_round=None, should_stop=None, **named) -> Iterator[RoundEvent]:
         return iter(self.submit(request, *fields, on_round=on_round, should_stop=should_stop, **named))
 
     def stats(self) -> dict:
-        return self._conn.call("stats")
+        return self._supervisor.call("stats")
 
     def close(self, timeout: float | None = 10.0) -> None:
-        self._conn.close(timeout or 10.0)
+        self._supervisor.close(timeout or 10.0)
 
 
 class RemoteLane:
     """A request run alone in the engine's process (Compare's race), one round per `timed_next()`."""
 
-    def __init__(self, conn: _Connection, request: GenerationRequest,
+    def __init__(self, supervisor: Supervisor, request: GenerationRequest,
                  should_stop: Callable[[], bool] | None = None) -> None:
-        self._conn = conn
-        self.lid = conn.next_id()
+        self._conn = supervisor.connection()  # the lane's cache lives in that process: it ends with it
+        self.lid = self._conn.next_id()
         self.should_stop = should_stop
         self._open = True
-        conn.call("lane_open", self.lid, request)
+        self._conn.call("lane_open", self.lid, request)
 
     def timed_next(self) -> tuple[RoundEvent | None, float]:
         """The next round and its time there (run between two rounds of the batch), or (None, 0) at the end."""
@@ -471,8 +284,8 @@ class RemoteLane:
 class RemoteEngine:
     """What a server asks of the engine itself, answered by the engine's process."""
 
-    def __init__(self, conn: _Connection, tokenizer, info: dict) -> None:
-        self._conn = conn
+    def __init__(self, supervisor: Supervisor, tokenizer, info: dict) -> None:
+        self._supervisor = supervisor
         self.tokenizer = tokenizer
         self._info = info
         self._text_memo: dict[int, str] = {}
@@ -481,14 +294,14 @@ class RemoteEngine:
 
     def info(self) -> dict:
         """As `Engine.info()`, read now (the prefix cache's fill changes)."""
-        return self._conn.call("info")
+        return self._supervisor.call("info")
 
     def prefix_cache_state(self) -> dict | None:
         """The prefix cache's state as last heard, without waiting: a fresh one is asked for and arrives by the
         next call. Gauges read it from a request's first event, on the thread that delivers every request's
         events, which must not wait for the engine."""
         if self._asked is None or self._asked.done():
-            self._asked = self._conn.call_soon("info")
+            self._asked = self._supervisor.call_soon("info")
             self._asked.add_done_callback(self._heard)
         return self._prefix_cache
 
@@ -504,16 +317,16 @@ class RemoteEngine:
 
     def sampler_rows(self, prompt_ids, params, top: int = 20) -> list[dict]:
         """As `Engine.sampler_rows`, run there between two rounds."""
-        return self._conn.call("sampler_rows", list(prompt_ids), params, top)
+        return self._supervisor.call("sampler_rows", list(prompt_ids), params, top)
 
     def stream(self, request: GenerationRequest, should_stop: Callable[[], bool] | None = None) -> RemoteLane:
         """A lane run alone (ValueError here for a request the engine refuses)."""
-        return RemoteLane(self._conn, request, should_stop)
+        return RemoteLane(self._supervisor, request, should_stop)
 
 
 @dataclasses.dataclass
 class RemoteModel:
-    """`Loaded`'s face for a model served by another process (`start`)."""
+    """`Loaded`'s face for a model served by another process (`start`), replaced if it dies."""
 
     tokenizer: object
     name: str
@@ -522,53 +335,43 @@ class RemoteModel:
     engine: RemoteEngine
     scheduler: RemoteScheduler
     threads: str  # what the engine's process chose for torch's threads, and why
-    _conn: _Connection = dataclasses.field(repr=False)
+    _supervisor: Supervisor = dataclasses.field(repr=False)
     serving: bool = False
 
     @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
+    @property
+    def pid(self) -> int | None:
+        """The engine process's id now (None while a new one is being started)."""
+        return self._supervisor.pid
+
     def serve(self, metrics: SchedulerMetrics | None = None, fault_hook=None) -> RemoteScheduler:
-        """Start the scheduler there: its metrics come back to `metrics`; `fault_hook` (tests) must pickle."""
+        """Start the scheduler there (and in any process that replaces it): its metrics come back to `metrics`,
+        which also counts restarts if it has `observe_restart`; `fault_hook` (tests) must pickle."""
         if self.serving:
             raise RuntimeError("this model's scheduler is already running")
-        self._conn.metrics = metrics
-        self._conn.call("serve", fault_hook, metrics is not None)
+        self._supervisor.serve(metrics, fault_hook)
         self.serving = True
         return self.scheduler
 
     def close(self) -> None:
-        self._conn.close()
+        self._supervisor.close()
 
 
 def start(threads: int | str = "auto", timeout: float = 600.0, **load_kwargs) -> RemoteModel:
     """Load a model in a new process (`specdec.load(**load_kwargs)`; `prefix_cache` is a budget in bytes or
     None) and return its face here. `threads`: torch's intra-op threads there (a count, or "auto":
-    `threads.serving_threads`). A model `load` refuses raises its ValueError here."""
+    `threads.serving_threads`). A model `load` refuses raises its ValueError here. A process that dies later
+    is replaced (`specdec.supervisor`), and a new one may take `timeout` s to load."""
     if threads != "auto" and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
         raise ValueError(f"`threads` must be 'auto' or an integer >= 1, got {threads!r}")
-    ctx = mp.get_context("spawn")  # a fork would copy this process's threads and OpenMP state
-    here, there = ctx.Pipe()
-    proc = ctx.Process(target=_serve, args=(there, load_kwargs, threads), name="specdec-engine", daemon=True)
-    proc.start()
-    there.close()
-    if not here.poll(timeout):
-        proc.terminate()
-        raise RuntimeError(f"the engine's process did not load the model within {timeout:.0f} s")
-    try:
-        msg = here.recv()
-    except EOFError:
-        proc.join(5)
-        raise RuntimeError(f"the engine's process ended while loading the model (exit code {proc.exitcode})") from None
-    if msg[0] == "load_error":
-        proc.join(5)
-        raise ValueError(msg[1])
-    meta = msg[1]
-    conn = _Connection(here, proc)
+    supervisor = Supervisor(_serve, load_kwargs, threads, timeout)
+    meta = supervisor.start()
     return RemoteModel(meta["tokenizer"], meta["name"], torch.device(meta["device"]), meta["max_batch_size"],
-                       RemoteEngine(conn, meta["tokenizer"], meta["info"]),
-                       RemoteScheduler(conn, meta["max_batch_size"]), meta["threads"], conn)
+                       RemoteEngine(supervisor, meta["tokenizer"], meta["info"]),
+                       RemoteScheduler(supervisor, meta["max_batch_size"]), meta["threads"], supervisor)
 
 
 def wanted(mode: str, device: str | None) -> bool:

@@ -57,6 +57,9 @@ class Metrics:
                                         buckets=_MS + (30, 60), registry=r)
         self.failures = Counter("specdec_request_failures", "Requests ended by a fault in their own round, by cause",
                                 ["cause"], registry=r)
+        self.engine_restarts = Counter("specdec_engine_restarts",
+                                       "Engine processes started to replace one that ended (specdec.supervisor)",
+                                       registry=r)
         self.in_flight = Gauge("specdec_requests_in_flight", "Requests being generated", registry=r)
         self.cache_bytes = Gauge("specdec_prefix_cache_bytes", "Bytes held by the prefix KV cache", registry=r)
         self.cache_hit_ratio = Gauge("specdec_prefix_cache_hit_ratio", "Prefix-cache hits / lookups", registry=r)
@@ -87,6 +90,9 @@ class Metrics:
 
     def observe_failure(self, cause: str) -> None:
         self.failures.labels(cause=cause).inc()
+
+    def observe_restart(self) -> None:
+        self.engine_restarts.inc()
 
     def observe_cache(self, cache: dict | None) -> None:
         """The prefix cache's state, as `Engine.info()["prefix_cache"]` gives it (None: no cache)."""

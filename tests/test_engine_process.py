@@ -6,6 +6,9 @@ an engine process is tested in test_app_server.py (its server fixture runs both 
 """
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
 import threading
 import time
 
@@ -18,6 +21,9 @@ from specdec.batch import chaos
 from specdec.engine_process import ENGINE_GONE, RemoteTicket
 from specdec.lookup import DEFAULT_LOOKUP
 from specdec.scheduler import RequestFailed
+from specdec.supervisor import FIRST_DELAY, HEALTHY, MAX_DELAY, backoff
+
+from conftest import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -44,6 +50,9 @@ class Recorder:
 
     def observe_failure(self, cause: str) -> None:
         self._add("failure", cause)
+
+    def observe_restart(self) -> None:
+        self._add("restart", 1)
 
     def named(self, name: str) -> list:
         with self.lock:
@@ -221,10 +230,12 @@ def test_sampler_rows_and_a_lane_run_alone_match_here(here, remote):
         model.engine.stream(GenerationRequest([10**6], 8))
 
 
-def test_injected_faults_stay_with_their_requests_and_a_dead_engine_fails_what_waits(here):
+def test_injected_faults_stay_with_their_requests_and_a_killed_engine_is_replaced(here):
     """A chaos run there (every fourth request fails in round 3): the others complete with the tokens they
-    emit here, and the failures are counted here. Then the engine's process is killed mid-request: the
-    request fails with a message, and later calls are refused, instead of waiting forever."""
+    emit here, and the failures are counted here. Then the engine's process is killed mid-request: that
+    request fails with a message that names the signal, a request sent meanwhile waits for the new process
+    and completes, and the new process runs its scheduler with the same fault hook and metrics sink. A second
+    kill soon after waits longer before its restart, and close() during that restart ends everything."""
     model = engine_process.start(threads=1, device="cpu", max_batch_size=4)
     try:
         metrics = Recorder()
@@ -245,16 +256,48 @@ def test_injected_faults_stay_with_their_requests_and_a_dead_engine_fails_what_w
         ids = encode(here, PROMPTS[0])
         stream = iter(model.scheduler.submit(GenerationRequest(ids, 400, SamplingParams(), speculative=False)))
         next(stream)
-        model._conn.proc.kill()
-        with pytest.raises(RequestFailed, match=ENGINE_GONE):
+        first = model.pid
+        killed = time.monotonic()
+        os.kill(first, signal.SIGKILL)
+        with pytest.raises(RequestFailed, match=rf"{ENGINE_GONE} \(signal 9\); it is being restarted"):
             for _ in stream:
                 pass
-        with pytest.raises(RuntimeError, match=ENGINE_GONE):
-            model.scheduler.submit(GenerationRequest(ids, 4))
-        with pytest.raises(RuntimeError, match=ENGINE_GONE):
-            model.engine.info()
+        # Sent while the new process loads: they wait for it. The fourth fails in round 3 as chaos(0.25)
+        # says, so the fault hook went to the new process too, and its failure is counted here.
+        after = [model.scheduler.submit(r) for r in reqs[:4]]
+        assert tokens(after[0].result(timeout=60)) == tokens(here.scheduler.submit(reqs[0]).result())
+        recovered = time.monotonic() - killed
+        assert recovered < 30, f"the first request after the kill took {recovered:.1f} s"
+        with pytest.raises(RequestFailed, match="out of memory"):
+            after[3].result(timeout=60)
+        assert model.pid not in (None, first) and metrics.named("restart") == [1]
+        assert sorted(metrics.named("failure")) == ["error", "out_of_memory", "out_of_memory"]
+        assert model.engine.info()["model"] == here.engine.info()["model"]
+        supervisor = model._supervisor
+        assert supervisor.delays == [FIRST_DELAY]
+        os.kill(model.pid, signal.SIGKILL)  # dies again at once: the next restart waits longer
+        wait_until(lambda: len(supervisor.delays) == 2, 10, "the second restart's schedule")
+        assert supervisor.delays[1] == 2 * FIRST_DELAY
+        loading = wait_until(lambda: supervisor._launching, 10, "the second restart's process")
     finally:
+        t0 = time.monotonic()
         model.close()
+    assert time.monotonic() - t0 < 10  # the process still loading was killed, not awaited
+    loading.join(5)
+    assert not loading.is_alive() and loading not in multiprocessing.active_children()
+    assert metrics.named("restart") == [1] and model.pid is None
+    with pytest.raises(RuntimeError, match="the engine is closed"):
+        model.scheduler.submit(GenerationRequest(ids, 4))
+    print(f"\nfirst request after SIGKILL: {recovered:.1f} s")
+
+
+def test_backoff_doubles_while_a_process_dies_soon_and_resets_after_it_served():
+    assert backoff(None, 0.0) == FIRST_DELAY
+    delays = [FIRST_DELAY]
+    for _ in range(8):
+        delays.append(backoff(delays[-1], 1.0))
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0] and MAX_DELAY == 30.0
+    assert backoff(30.0, HEALTHY) == FIRST_DELAY and backoff(30.0, HEALTHY - 1) == MAX_DELAY
 
 
 def test_a_model_the_engine_refuses_raises_here(tmp_path):
