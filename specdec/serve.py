@@ -308,6 +308,8 @@ def build_server(loaded, *, metrics: Metrics | None = None, ui=None) -> FastAPI:
             for ours, theirs in rename.items():
                 message = message.replace(f"`{ours}`", f"`{theirs}`")
             raise ApiError(message, rename.get(found[1], found[1]) if found else None) from None
+        except RuntimeError as e:  # the scheduler is closed, or the engine's process has ended
+            raise ApiError(str(e), None, "unavailable", 503, "server_error") from None
         life = _Lifecycle(metrics, cache_state)
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                 "object": "chat.completion" if chat else "text_completion", "created": int(time.time()), "model": name}

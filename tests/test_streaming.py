@@ -3,7 +3,6 @@ reasons and token counts, every value checked before a token, and closing or can
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from transformers import AutoTokenizer
@@ -11,7 +10,9 @@ from transformers import AutoTokenizer
 import specdec
 from specdec import EmittedToken, RoundEvent, engine_process
 from specdec.streaming import Delta, Stream, stop_strings, stream
+from conftest import wait_until
 
+pytestmark = pytest.mark.usefixtures("schedulers_idle")  # every request a test makes has ended after it
 PROMPTS = ("def fibonacci(n):", "import json\n\ndef load_config(path):", "héllo wörld, 日本語 ", "class Stack:")
 
 
@@ -46,15 +47,10 @@ def one_per_round(ids: list[int]) -> list[list[int]]:
     return [[i] for i in ids]
 
 
-def wait_idle(scheduler, timeout: float = 30.0) -> dict:
-    """The scheduler's stats once it holds no request (waiting, prefilling, decoding or tracked)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        stats = scheduler.stats()
-        if not any(stats.get(k, 0) for k in ("waiting", "prefilling", "decoding", "tracked")):
-            return stats
-        assert time.monotonic() < deadline, f"the scheduler still holds requests: {stats}"
-        time.sleep(0.01)
+def remote_idle(scheduler) -> bool:
+    """An engine process's scheduler holds no request (`Scheduler.idle`, read through its stats)."""
+    st = scheduler.stats()
+    return not any(st[k] for k in ("waiting", "prefilling", "decoding", "tracked", "calls"))
 
 
 # -- the text logic, on scripted rounds -------------------------------------------------------------
@@ -118,18 +114,18 @@ def test_a_stop_string_ends_the_request(loaded):
     s = stream(loaded, PROMPTS[1], max_new_tokens=48, stop=["\x00never", stop])
     assert "".join(d.text for d in s) == ref[: ref.find(stop)] and s.finish_reason == "stop"
     assert s.completion_tokens < 48
-    wait_idle(loaded.scheduler)
+    assert loaded.scheduler.idle(timeout=30)
 
 
 def test_every_value_is_checked_before_a_request_is_queued(loaded):
-    wait_idle(loaded.scheduler)
+    assert loaded.scheduler.idle()
     for bad in (dict(temperature=-1), dict(top_p=0), dict(max_new_tokens=0), dict(stop=[""]), dict(events=1),
                 dict(chat=True), dict(tree="nope")):
         with pytest.raises(ValueError):
             stream(loaded, "def f(x):", **bad)
     with pytest.raises(ValueError, match="prompt_ids"):
         stream(loaded, prompt_ids=[10**6])  # the vocabulary is checked by the scheduler's submit, in this thread
-    assert wait_idle(loaded.scheduler)["waiting"] == 0
+    assert loaded.scheduler.idle()  # nothing was queued
 
 
 def test_closing_or_cancelling_ends_the_request(loaded):
@@ -137,20 +133,17 @@ def test_closing_or_cancelling_ends_the_request(loaded):
     first = next(s)
     assert first.text
     s.close()
-    wait_idle(loaded.scheduler)
+    assert loaded.scheduler.idle(timeout=30)
     assert s.finish_reason is None and s.completion_tokens < 400
     s = stream(loaded, PROMPTS[0], max_new_tokens=400)
     got: list[Delta] = []
     reader = threading.Thread(target=lambda: got.extend(s))
     reader.start()
-    deadline = time.monotonic() + 30
-    while not got:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until(lambda: got, what="a first delta")
     s.cancel()  # from another thread than the reader's
     reader.join(30)
     assert not reader.is_alive() and s.finish_reason is None and s.completion_tokens < 400
-    wait_idle(loaded.scheduler)
+    assert loaded.scheduler.idle(timeout=30)
 
 
 @pytest.mark.slow
@@ -165,6 +158,6 @@ def test_an_engine_process_streams_the_same_text(loaded):
         assert "get_get" not in "".join(d.text for d in s) and s.finish_reason == "stop"
         with pytest.raises(ValueError, match="prompt_ids"):
             stream(remote, prompt_ids=[10**6])  # refused by the engine's process, raised here
-        wait_idle(remote.scheduler)
+        wait_until(lambda: remote_idle(remote.scheduler), what="the engine's scheduler going idle")
     finally:
         remote.close()
