@@ -21,6 +21,7 @@ from specdec.metrics import Metrics
 from specdec.serve import build_server, demo_module, main, parse_args
 from conftest import wait_until
 
+pytestmark = pytest.mark.usefixtures("schedulers_idle")  # every request a test makes has ended after it
 server = pytest.mark.server  # the tests that start a server (deselected by the quick loop, -m "not slow")
 PROMPTS = ("def fibonacci(n):", "import json\n\ndef load_config(path):", "class Stack:", "def is_prime(n: int):",
            "# Read a CSV file", "def quicksort(arr):", "class LinkedList:", "héllo wörld, 日本語 ")
