@@ -7,6 +7,7 @@ module has Generate, Stop and Clear.
 """
 from __future__ import annotations
 
+import re
 import threading
 from typing import Callable, Iterable
 
@@ -28,6 +29,20 @@ from .session import Run, Session, Settings
 from .stats_line import stats_markdown
 from .tokens import render_round
 from .updates import Throttle, prompt_html, user_error
+
+# Characters a prompt may not hold: C0 controls and DEL other than the whitespace text uses (tab, newlines,
+# vertical tab, form feed), and lone surrogates (JSON can carry "\ud800"; no tokenizer can encode it).
+_REFUSED = re.compile("[\x00-\x08\x0e-\x1f\x7f\ud800-\udfff]")
+
+
+def check_prompt(prompt) -> None:
+    """ValueError naming what is wrong with a prompt that is not plain text (None passes: it is empty)."""
+    if prompt is not None and not isinstance(prompt, str):
+        raise ValueError(f"`prompt` must be text, got {type(prompt).__name__}")
+    bad = _REFUSED.search(prompt or "")
+    if bad is not None:
+        kind = "a lone surrogate" if "\ud800" <= bad.group() <= "\udfff" else "a control character"
+        raise ValueError(f"`prompt` holds {kind} (U+{ord(bad.group()):04X}) at character {bad.start()}")
 
 __all__ = ["Handlers", "Throttle", "round_markdown", "COMPARE_HINT", "tree_choices", "model_line"]
 
@@ -93,6 +108,7 @@ class Handlers(RoundViews, SamplerView, RaceView):
 
     def encode(self, prompt, chat: bool = False) -> list[int]:
         """Prompt text -> ids (wrapped as a chat turn with `chat`), or ValueError for a bad prompt."""
+        check_prompt(prompt)
         ids = encode(self.loaded, prompt if isinstance(prompt, str) else None, None, chat=chat)
         if len(ids) > self.max_prompt_tokens:
             raise ValueError(f"The prompt has {len(ids)} tokens; the limit is {self.max_prompt_tokens}.")

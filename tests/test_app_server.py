@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import math
+import os
+import signal
 import sys
 import types
 import threading
@@ -14,6 +17,7 @@ from gradio_client.exceptions import AppError
 
 import specdec
 from specdec import engine_process
+from specdec.metrics import Metrics
 from conftest import APP_GREEDY, free_port, wait_until
 import app
 from app import build_demo, launch_kwargs
@@ -33,9 +37,11 @@ def server(request):
     loaded = specdec.load(device="cpu")
     served = loaded if request.param == "in the server's process" else engine_process.start(threads=1, device="cpu")
     SERVED["model"] = served
-    demo = build_demo(served, max_prompt_tokens=64, figure_interval=0.2, text_interval=0.0, on_round=[SEEN.append])
+    metrics = Metrics()
+    demo = build_demo(served, max_prompt_tokens=64, figure_interval=0.2, text_interval=0.0, on_round=[SEEN.append],
+                      metrics=metrics)
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
-                            quiet=True, **launch_kwargs())
+                            quiet=True, **launch_kwargs(metrics))
     yield url, loaded
     demo.close()
     if served is not loaded:
@@ -298,3 +304,87 @@ def test_round_view_during_a_run_never_errors_and_reaches_every_round_after_stop
     assert final[3]["maximum"] == rounds  # the slider reaches the last round that ran
     assert c.predict(rounds, api_name="/round")[2]["index"] == rounds
     assert "stopped by you" in final[1]
+
+
+def call_generate(url: str, body: str) -> tuple[str, object]:
+    """POST raw JSON text to /gradio_api/call/generate and read its SSE stream: (last event, its data)."""
+    api = url.rstrip("/") + "/gradio_api/call/generate"
+    r = httpx.post(api, content=body, headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code < 500, (body[:80], r.status_code, r.text[:200])
+    if r.status_code != 200:  # refused by Gradio's own checks of the body's shape, with a message
+        return f"http {r.status_code}", r.json()
+    kind, data = None, None
+    with httpx.stream("GET", f"{api}/{r.json()['event_id']}", timeout=60) as events:
+        assert events.status_code < 500
+        for line in events.iter_lines():
+            if line.startswith("event:"):
+                kind = line.split(":", 1)[1].strip()
+            elif line.startswith("data:"):
+                data = json.loads(line.split(":", 1)[1])
+    return kind, data
+
+
+GOOD = ["def f(x):", 0.0, 0, 1.0, 0.0, 4, 0, "small", "lossless", True, 10, "first", False]  # /generate's inputs
+
+
+def with_value(i: int, value) -> str:
+    """GOOD with input `i` replaced, as JSON text (NaN and infinities as Python's json writes them)."""
+    return json.dumps({"data": [value if j == i else v for j, v in enumerate(GOOD)]})
+
+
+@pytest.mark.timeout(120)
+def test_malformed_calls_get_a_clear_error_and_the_next_call_is_served(server):
+    """Raw HTTP calls with wrong types, NaN and infinities, a megabyte prompt, control characters, a lone
+    surrogate and missing fields: each ends in an error event naming the problem (or a 4xx from Gradio's
+    check of the body's shape), never a 5xx, and a normal call after them completes."""
+    url, _ = server
+    cases = [
+        (with_value(0, 5), "`prompt` must be text, got int"),
+        (with_value(0, ["a"]), "`prompt` must be text, got list"),
+        (with_value(0, "a" * 1_000_000), "the limit is 64"),
+        (with_value(0, "a\x00b"), "control character (U+0000) at character 1"),
+        (with_value(0, "x \x1b[31m"), "control character (U+001B)"),
+        (json.dumps({"data": GOOD}).replace('"def f(x):"', '"\\ud800 x"'), "lone surrogate (U+D800) at character 0"),
+        (with_value(1, "hot"), "`temperature` must be a number, got 'hot'"),
+        (with_value(1, math.nan), "`temperature` must be finite, got nan"),
+        (with_value(1, math.inf), "`temperature` must be finite, got inf"),
+        (with_value(3, -math.inf), "`top_p` must be finite, got -inf"),
+        (with_value(4, math.nan), "`min_p` must be finite"),
+        (with_value(2, 2.5), "`top_k` must be an integer, got 2.5"),
+        (with_value(2, True), "`top_k` must be a number, got True"),
+        (with_value(5, None), "`max_new_tokens` must be a number, got None"),
+        (with_value(5, "4"), "`max_new_tokens` must be a number"),
+        (with_value(6, math.inf), "`seed` must be finite"),
+        (with_value(7, 3), "`tree` must be one of"),
+        (with_value(9, "yes"), "`speculative` must be True or False"),
+        (with_value(10, math.nan), "`lookup` must be finite"),
+        (with_value(12, None), "`chat` must be True or False"),
+        (json.dumps({"data": GOOD[:2]}), None),  # too few values: Gradio refuses them before the handler
+        (json.dumps({}), "missing"),
+        (json.dumps({"data": "x"}), "list"),
+        ("not json", "json"),
+    ]
+    for body, words in cases:
+        kind, data = call_generate(url, body)
+        assert kind == "error" or kind.startswith("http 4"), (body[:60], kind, data)
+        if words is not None:
+            assert words.lower() in json.dumps(data).lower(), (body[:60], data)
+    kind, data = call_generate(url, json.dumps({"data": GOOD}))
+    assert kind == "complete" and data[-1]["new_tokens"] == 4
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_engine_process_is_replaced_and_counted(server):
+    """SIGKILL the engine's process: the next /generate succeeds (it waits for the new process) with no restart
+    of the app, and /metrics counts the restart."""
+    url, loaded = server
+    model = SERVED["model"]
+    if model is loaded:
+        pytest.skip("the model runs in the server's process")
+    killed = time.monotonic()
+    os.kill(model.pid, signal.SIGKILL)
+    out = client(url).predict(prompt="class Stack:", max_new_tokens=4, **GREEDY, api_name="/generate")
+    assert round_json(out)["text"] == specdec.generate(loaded, "class Stack:", max_new_tokens=4, tree="small").text
+    assert time.monotonic() - killed < 30
+    text = httpx.get(url.rstrip("/") + "/metrics", timeout=10).text
+    assert "specdec_engine_restarts_total 1.0" in text
