@@ -36,7 +36,7 @@ class Method:
         return self.backend == "engine" and self.tree not in (None, "none")
 
 
-T1 = dict(temperature=1.0, top_p=1.0)  # the flattest law the issue measures: no filters at all
+T1 = dict(temperature=1.0, top_p=1.0)  # the flattest law measured: no filters at all
 
 METHODS = (
     Method("hf_greedy", "HF generate greedy", "hf", False),
@@ -45,8 +45,8 @@ METHODS = (
     Method("hf_prompt_lookup", "HF prompt lookup (greedy)", "hf", False, prompt_lookup=True),
     Method("hf_static_greedy", "HF generate greedy, static cache, not compiled", "hf", False, hf_cache="static",
            opt_in=True),
-    # torch.compile(mode="reduce-overhead") of the decode step: minutes to compile, and it crashed
-    # through generate on one GPU image (REFERENCE.md), so the GPU script runs it in its own process.
+    # torch.compile(mode="reduce-overhead") of the decode step: minutes to compile, and it can crash
+    # through generate on some GPU images, so the GPU script runs it in its own process.
     Method("hf_compiled_greedy", "HF generate greedy, static cache, compiled (CUDA graphs)", "hf", False,
            hf_cache="static", hf_compile=True, opt_in=True),
     Method("plain_greedy", "specdec speculative=False greedy", "engine", False),
@@ -81,9 +81,9 @@ BY_ID = {m.id: m for m in METHODS}
 assert len(BY_ID) == len(METHODS), "method ids must be unique"
 
 # Targets: (name, numerator method, denominator method, minimum ratio).
-# Issue 5's first four measure specdec's default drafting (what `specdec.generate` does with no
-# arguments); the next four the heads alone on the 64-node default tree preset. Issue 12's measure
-# the dynamic tree; its "at least the best static preset" target is computed in `suite.assemble`.
+# The first four measure specdec's default drafting (what `specdec.generate` does with no arguments);
+# the next four the heads alone on the 64-node default tree preset; the rest the dynamic tree, whose
+# "at least the best static preset" target is computed in `suite.assemble`.
 _GREEDY_BASES = (("HF greedy generate", "hf_greedy", 2.0), ("own speculative=False", "plain_greedy", 1.8),
                  ("HF prompt lookup", "hf_prompt_lookup", 1.3))
 TARGETS = (
@@ -96,7 +96,7 @@ TARGETS = (
     ("dynamic tree + lookup sampling, T=1.0 / own plain sampling, T=1.0", "hybrid_sample_t1", "plain_sample_t1", 1.0),
     ("dynamic tree (heads alone) sampling, T=1.0 / own plain, T=1.0", "auto_sample_t1", "plain_sample_t1", 1.0),
 )
-# The dynamic tree against every static preset of the same kind, in the same run (issue 12).
+# The dynamic tree against every static preset of the same kind, in the same run.
 VERSUS_STATIC = (
     ("dynamic tree greedy / best static preset greedy (heads alone)", "auto_greedy",
      ("chain_greedy", "small_greedy", "default_greedy", "trained_greedy")),

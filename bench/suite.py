@@ -24,8 +24,8 @@ def benchmark(cfg: BenchConfig, loaded: specdec.Loaded | None = None, oracle: Or
     """Run every method on every prompt; return the results as plain values (the JSON report).
 
     `checkpoint(result)`, if given, receives a partial result after every repeat (medians over the
-    repeats so far, no memory figures, meta["partial"] set), so a run cut short by a time limit,
-    as on a lent GPU, still leaves numbers behind.
+    repeats so far, no memory figures, meta["partial"] set), so a run cut short by a time limit
+    still leaves numbers behind.
     """
     started = time.perf_counter()
     cfg.check()
@@ -102,7 +102,7 @@ def _ratio(a, b):
 
 def assemble(cfg: BenchConfig, loaded, oracle, methods: list[Method], runs, memory, tok, n_prompts: int,
              started: float) -> dict:
-    """Per-method rows, speedups and the issue's targets from the timed runs."""
+    """Per-method rows, speedups and the targets (`methods.TARGETS`) from the timed runs."""
     ref = [r.token_ids for r in runs["hf_greedy"][0]]
     trees = loaded.engine.info()["trees"]
     rows = [method_row(m, runs[m.id], ref, tok if loaded.tokenizer is not None else None, memory[m.id][0],

@@ -1,4 +1,4 @@
-"""Aggregate tokens/s of continuous batching at several batch sizes, in one process (issue 13's GPU figures).
+"""Aggregate tokens/s of continuous batching at several batch sizes, in one process (the GPU benchmark's batching step).
 
 Every size decodes the same prompts through `specdec.generate_batch` on a scheduler of that size,
 greedy, exactly `--tokens` tokens each (no EOS), after one untimed warm-up pass; the figure is the

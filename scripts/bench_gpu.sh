@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The prepared GPU check (issues 11, 12 and 13), about 7 minutes on one H200, each step under its
-# own `timeout` and in priority order, so that a slow step cannot take the whole lease:
+# The GPU benchmark (docs/benchmark_gpu.md), about 7 minutes on one H200, each step under its
+# own `timeout` and in priority order, so that a slow step cannot take the whole run:
 #   1. bench.py on a random-weight model with Qwen2-0.5B's shape (hidden 896, 24 layers, 14 heads,
 #      2 KV heads, vocab 151936), built from a config (no download), bf16, batch 1, with oracle heads
 #      whose top-1 guess is right 80% of the time: HF eager and static-cache generate, specdec plain,
@@ -10,16 +10,15 @@
 #   3. aggregate tokens/s of continuous batching at batch 1, 4 and 16 (scripts/batch_throughput.py);
 #   4. specdec without CUDA graphs (plain and 64-node tree), to show what the graphs buy;
 #   5. HF generate with a static cache, compiled (torch.compile "reduce-overhead"), in its own process:
-#      it takes minutes to compile and crashed on one GPU image, so it goes last and alone;
+#      it takes minutes to compile and can crash on some GPU images, so it goes last and alone;
 #   6. the embedded model with its shipped heads, a few methods, if time is left.
 # Results: <dir>/<step>/results.{json,md}, <dir>/*.json, <dir>/log.txt. bench.py rewrites its results
 # after every repeat, so a step cut by its timeout still leaves the finished repeats (marked PARTIAL).
-# With $OUT set (the device tool's run, whose $OUT brings back at most 8 files), <dir> is a scratch folder,
-# packed into $OUT/gpu_results.tgz every 20 s and after each step (a run cut by its own timeout keeps
-# what was packed), with a copy of log.txt beside it; without $OUT, <dir> is bench_out/gpu.
-# Then, on a dev machine: python scripts/gpu_table.py <folder that came back, or the .tgz>  (the tables).
+# With $OUT set, <dir> is a scratch folder packed into $OUT/gpu_results.tgz every 20 s and after each
+# step (a run cut by its own timeout keeps what was packed), with a copy of log.txt beside it; without
+# $OUT, <dir> is bench_out/gpu. Then: python scripts/gpu_table.py <that folder, or the .tgz>  (the tables).
 #
-# With the device tool:   run(command="bash scripts/bench_gpu.sh", timeout_s=540)
+# Run:                    bash scripts/bench_gpu.sh
 # Dry run on a CPU:       DEVICE=cpu DTYPE=float32 QWEN=random:tiny PROMPTS=2 TOKENS=16 REPEATS=1 BATCH_PROMPTS=4 bash scripts/bench_gpu.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +36,7 @@ REPEATS=${REPEATS:-2}
 ORACLE=${ORACLE:-0.8}
 BATCH_PROMPTS=${BATCH_PROMPTS:-16}
 BUDGET=${BUDGET:-450}   # seconds: optional steps start only while the script is under this
-DEADLINE=${DEADLINE:-525}  # seconds: no step runs past this (the device run's own limit is 540 s)
+DEADLINE=${DEADLINE:-525}  # seconds: no step runs past this, so the whole run fits in 9 minutes
 PY=${PYTHON:-$(command -v python3 || command -v python)}
 if [ -n "${OUT:-}" ]; then
   OUT_DIR=$(mktemp -d /tmp/bench_gpu.XXXXXX)
@@ -54,7 +53,7 @@ fi
 mkdir -p "$OUT_DIR"
 exec > >(tee -a "$OUT_DIR/log.txt") 2>&1
 
-# plotly is not in the GPU image: install it from carried wheels (carry .whl) when present.
+# Without plotly (the HTML report needs it), install it from local wheels in .whl/ when present.
 if ! "$PY" -c "import plotly" 2>/dev/null && [ -d .whl ]; then
   "$PY" -m pip install -q --no-index --find-links .whl plotly || true
 fi

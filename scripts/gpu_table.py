@@ -1,4 +1,4 @@
-"""The BENCHMARKS.md tables from one run of scripts/bench_gpu.sh: every figure next to its issue's target.
+"""The GPU tables from one run of scripts/bench_gpu.sh: every figure next to its target (docs/benchmark_gpu.md).
 
     python scripts/gpu_table.py <folder that bench_gpu.sh wrote, or its gpu_results.tgz>   # prints Markdown
 """
@@ -21,7 +21,7 @@ def fmt(x, spec=".2f") -> str:
 
 def unpack(folder: str) -> Path:
     """The results folder: `folder` itself, or where the packed results (gpu_results.tgz, in it or given
-    directly: the device tool brings back at most 8 files) are unpacked."""
+    directly, as bench_gpu.sh writes them with $OUT set) are unpacked."""
     import tarfile
     import tempfile
 

@@ -8,7 +8,7 @@ Steps, each on this CPU:
 2. stage the model in fp16 with its tokenizer, and the chosen heads variant, under --work/stage;
 3. pick the tree by measured tokens/s on this machine (`python -m specdec.train tree --measure`),
    on held-out token arrays built with the model's tokenizer (once, in --data);
-4. evaluate every figure of the model card (`scripts/eval_embedded.py`), against issue 14's targets;
+4. evaluate every figure of the model card (`scripts/eval_embedded.py`), against its targets;
 5. with --install: replace assets/model and assets/heads with the staged ones, and copy the run's
    logs and the evaluation into assets/logs/ (gpu_summary.json, gpu_train.log, eval_embedded.json).
    Without --install nothing in assets/ changes: compare the table first.

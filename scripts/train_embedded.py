@@ -1,7 +1,7 @@
 """Rebuild the embedded model end to end under one wall-clock deadline.
 
 Runs the same functions as `python -m specdec.train data|lm|heads`, in
-one process so a short GPU lease is spent on training, not start-up:
+one process so a short GPU run is spent on training, not start-up:
 tokenise the local Python installation, train the backbone, distil and
 train head variants, and write everything (tarred in <= 15 MB parts) to
 --out as each stage finishes, so a timeout still leaves earlier results.
@@ -10,7 +10,7 @@ train head variants, and write everything (tarred in <= 15 MB parts) to
 
 The backbone's shape (--hidden-size, --num-layers, ...) trades quality against CPU speed and the
 assets/ budget (64 MB). Random-weight models of each shape, plain decoding of 128 tokens through
-specdec on this project's 2-core CPU (median of 3), fp16 sizes with four heads of their own:
+specdec on a 2-core CPU (median of 3), fp16 sizes with four heads of their own:
 
 | hidden x layers | parameters | plain tokens/s | model + heads, fp16 |
 | --- | ---: | ---: | ---: |
@@ -20,8 +20,8 @@ specdec on this project's 2-core CPU (median of 3), fp16 sizes with four heads o
 
 The default doubles the capacity of 256 x 8 for the held-out loss target (<= 2.0 nats/token) and
 stays well above 30 tokens/s on the CPU. Training runs in bf16 autocast with fused AdamW; it is not
-compiled, because compiling would take a large share of a 270 s budget on an image whose
-torch.compile has crashed before.
+compiled, because compiling would take a large share of a 270 s budget, and torch.compile can
+crash on some GPU images.
 """
 from __future__ import annotations
 

@@ -379,11 +379,9 @@ def serving_threads(target: "TargetModel", tokens: tuple[int, ...] = (16, 64), r
     the default otherwise. Returns (threads, what was timed: median ms per count and size).
 
     Why fewer: a second OpenMP thread only helps inside an op, and between ops, while a round runs
-    its Python, it spins on a core. A web server in the same process needs that core. On this
-    project's 2-CPU machine the embedded model's forwards took 7-16% longer on one thread than on two,
-    and yet the app served 12-15% more tokens/s with one thread, at batch 1 and at batch 8, for half
-    the CPU time (BENCHMARKS.md, twelfth session). Hence a margin of 25%. A model whose forward is
-    compute-bound (a second thread nearly halves it) keeps every thread.
+    its Python, it spins on a core that a web server in the same process needs; so a forward up to
+    25% slower on one thread still serves more (BENCHMARKS.md, "Serving through the app"). A model
+    whose forward is compute-bound (a second thread nearly halves it) keeps every thread.
 
     Timed interleaved (`_interleaved`) on the calling thread, whose count is restored. Run it on a thread that then ends
     (`threads.on_fresh_thread`), before the scheduler's thread runs its first op: a thread keeps

@@ -69,8 +69,8 @@ class Engine:
         self._cost_cache = cost_cache
         self._cost_lock = threading.Lock()
         # With `set_cost_model(model, learn=True)` the model follows this engine's own rounds after each
-        # solo request (`CostModel.refreshed`). Off by default: on the embedded model it made the dynamic
-        # tree slower (BENCHMARKS.md, 2026-12-01, fifth session), though its figures are closer to the truth.
+        # solo request (`CostModel.refreshed`). Off by default: its figures are closer to the truth, yet it
+        # made the dynamic tree slower on the embedded model (BENCHMARKS.md, "Measured, and not paying").
         self._cost_learns = False
         # What finished requests taught the dynamic tree (None: every request starts cold).
         self.policy_memory: PolicyMemory | None = PolicyMemory()

@@ -4,11 +4,9 @@ OpenMP thread pool.
 GNU OpenMP (the libgomp that PyTorch's CPU wheels ship) gives every thread that runs a parallel
 region its own pool of workers, kept until that thread exits. Once the pools together hold more
 threads than the machine has CPUs, libgomp stops letting idle workers spin between regions: every
-parallel op then wakes its workers from sleep. Measured on a 2-CPU machine (`scripts/thread_pools.py`):
-a [64, 256] x [256, 256] product took 47 µs on the main thread, and 111-210 µs on a second thread once
-the main thread had run one parallel op; the embedded model's 16-node tree forward 1.3 ms against
-4.1-6.2 ms. The scheduler runs every round on its own thread, so a model loaded on the caller's thread
-slowed every round the app served by 1.5-3x.
+parallel op then wakes its workers from sleep. The scheduler runs every round on its own thread, so
+a model loaded on the caller's thread would slow every round it serves (1.5-3x on a 2-CPU machine,
+BENCHMARKS.md).
 
 So work that only has to happen once (loading, probing) runs on a short-lived thread, whose pool
 goes when it ends, and the rounds run on the scheduler's thread alone.

@@ -62,8 +62,7 @@ LOOKUP_PRIOR = {"greedy": ((0.4, 0.8), (0.7, 0.9), (0.9, 0.95)), "sampled": ((0.
 # greedy stretch says little about the next rounds (measured: the least promising quarter of contexts
 # still paid for a chain), so a rest costs more than it saves; heads that do not pay (random heads)
 # show it in their average a few rounds later. Sampled: fast, at once. Sampled heads are on trial
-# from their first probe, and at a hot temperature a longer trial only pays for more losing rounds
-# (`scripts/policy_constants_ab.py`, BENCHMARKS.md).
+# from their first probe, and at a hot temperature a longer trial only pays for more losing rounds.
 RATE_WEIGHT = {"greedy": 0.1, "sampled": 0.3}
 TRIAL = {"greedy": 4, "sampled": 1}
 # The heads rest when their running rate falls below this share of plain decoding's. Greedy: 0.8. The

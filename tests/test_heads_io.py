@@ -1,7 +1,7 @@
 """specdec.heads_io: heads in specdec's, FasterDecoding's and vLLM's layouts, in and out.
 
-The synthetic checkpoints are written here from the documented key names (REFERENCE.md, "Checkpoint
-layouts"), with raw tensors: never through specdec's own writer. Their logits are checked against a
+The synthetic checkpoints are written here from the documented key names (the layouts table in
+specdec/heads_io.py's docstring), with raw tensors: never through specdec's own writer. Their logits are checked against a
 hand-written reference of Medusa's formula, head_k(h) = P_k (ResBlock^L(h)), ResBlock(x) = x + SiLU(Wx + b).
 """
 from __future__ import annotations

@@ -450,7 +450,7 @@ def test_engine_with_lookup_negative_control_always_accept(model, joint_after_fi
     assert p < FAIL_P
 
 
-# -- a sliding-window model (Mistral), with the prefix cache on: the path that used to fail --------------
+# -- a sliding-window model (Mistral), with the prefix cache on: windows and reused prefixes together ---
 
 @pytest.fixture(scope="module")
 def window_model():

@@ -110,7 +110,7 @@ def test_thread_safe_under_concurrent_use(model):
 def test_concurrent_inserts_of_the_same_prompt_count_bytes_once(model, monkeypatch):
     """Two threads insert the same prompt; both pass the first membership check before either
     stores (a barrier inside the snapshot forces that interleaving). The byte total must still
-    equal the sum over entries; it used to count the prompt twice and drift."""
+    equal the sum over entries, never counting the prompt twice."""
     pc = PrefixCache(max_bytes=10**9, min_tokens=1)
     cache = kv_cache.new_cache(model)
     ids = list(range(10))

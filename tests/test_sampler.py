@@ -297,8 +297,8 @@ def test_fast_top_p_equals_full_sort(V, scale):
 @pytest.mark.parametrize("params", [SamplingParams(temperature=0.7), SamplingParams(temperature=1.0, top_k=5),
                                     SamplingParams(temperature=0.5, top_p=0.9), SamplingParams(temperature=1, min_p=0.1)])
 def test_plus_inf_logits_take_all_the_mass_without_nan(params):
-    """An fp16 overflow gives +inf logits. Their limit law shares all the mass among them;
-    it used to turn into NaN (inf - inf) in the sampler."""
+    """An fp16 overflow gives +inf logits. Their limit law shares all the mass among them,
+    where a naive softmax gives NaN (inf - inf)."""
     logits = torch.randn(64)
     logits[7] = float("inf")
     p = target_probs(logits, params)
