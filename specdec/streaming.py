@@ -114,6 +114,7 @@ class Stream:
     def close(self) -> None:
         """End the iteration here (from the iterating thread) and cancel the request if it still runs."""
         self._run.close()
+        self._let_go()
 
     def _deltas(self) -> Iterator[Delta]:
         ids: list[int] = []
@@ -130,8 +131,12 @@ class Stream:
                     break
         finally:
             self._seconds = time.perf_counter() - self._t0
-            if not self.events or self.events[-1].finished is None:
-                self.ticket.cancel()  # a stop string or a closed stream: free the batch slot now
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Cancel the request unless it ended by itself: a stop string or a closed stream frees its batch slot now."""
+        if not self.events or self.events[-1].finished is None:
+            self.ticket.cancel()
 
     def _take(self, ev: RoundEvent) -> list[int]:
         """Add one round's tokens to the text, one at a time so that a stop string ends it at its own token."""

@@ -130,6 +130,9 @@ def test_every_value_is_checked_before_a_request_is_queued(loaded):
 
 def test_closing_or_cancelling_ends_the_request(loaded):
     s = stream(loaded, PROMPTS[0], max_new_tokens=400)
+    s.close()  # before reading anything
+    assert loaded.scheduler.idle(timeout=30) and s.completion_tokens == 0
+    s = stream(loaded, PROMPTS[0], max_new_tokens=400)
     first = next(s)
     assert first.text
     s.close()
