@@ -122,7 +122,7 @@ def test_generate_in_a_real_browser(url, browser):
         "() => [...document.querySelectorAll('#tree-plot .gtitle')].some(t => t.textContent.startsWith('Round 1:'))",
         timeout=30_000)
     assert "Round 1" in page.locator("#round-info").text_content()
-    page.wait_for_timeout(500)  # let plotly finish its last redraw before the screenshot
+    settle(page)  # plotly's last redraw lands before the screenshot
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "app_browser.png"
     page.screenshot(path=str(shot), full_page=True)
@@ -130,8 +130,7 @@ def test_generate_in_a_real_browser(url, browser):
     assert not errors, errors
     page.reload(wait_until="domcontentloaded")  # a later visit: "How to read this" starts folded
     page.wait_for_selector("#how-to-read-box details", timeout=60_000)
-    page.wait_for_timeout(300)
-    assert page.locator("#how-to-read-box details").get_attribute("open") is None
+    page.wait_for_function("() => !document.querySelector('#how-to-read-box details').open", timeout=10_000)
     page.close()
 
 
@@ -181,6 +180,16 @@ def in_view(page, selector: str) -> bool:
         return r.height > 0 && r.top >= -2 && r.top < window.innerHeight; }""", selector)
 
 
+def wait_in_view(page, selector: str, timeout: int = 10_000) -> None:
+    page.wait_for_function("""(sel) => { const r = document.querySelector(sel).getBoundingClientRect();
+        return r.height > 0 && r.top >= -2 && r.top < window.innerHeight; }""", arg=selector, timeout=timeout)
+
+
+def settle(page) -> None:
+    """Until the browser has painted two more frames: a redraw queued before now has landed."""
+    page.evaluate("() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
+
+
 def shot(page, name: str) -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     path = ARTIFACTS / name
@@ -207,7 +216,8 @@ def test_desktop_toasts_every_token_replay_and_the_race(url, browser):
     page.wait_for_selector("#tokens .sd-tok", timeout=60_000)
     set_number(page, "round-slider", 50)  # typed while streaming, past the slider's maximum: no 500
     wait_text(page, "#stats", "done:", 180_000)
-    page.wait_for_timeout(500)
+    # 512, or fewer when the model's context fills up first
+    page.wait_for_function("() => document.querySelectorAll('#tokens .sd-tok').length >= 500", timeout=30_000)
     n = page.locator("#tokens .sd-tok").count()
     assert n >= 500  # 512, or fewer when the model's context fills up first
     seen = page.evaluate("""() => {
@@ -242,7 +252,7 @@ def test_desktop_toasts_every_token_replay_and_the_race(url, browser):
     assert 'data-round="2"' in page.locator("#round-style").inner_html() or "Round 3" in \
         page.locator("#round-info").text_content()
     page.locator("#round-info").scroll_into_view_if_needed()
-    page.wait_for_timeout(300)
+    settle(page)
     shot(page, "app_replay.png")
     page.click("#stop-btn")  # ends the replay
 
@@ -251,8 +261,8 @@ def test_desktop_toasts_every_token_replay_and_the_race(url, browser):
     page.click("#compare-btn")
     wait_text(page, "#compare-md", "Race running", 60_000)
     wait_text(page, "#compare-md", "Measured ratio", 120_000)
-    page.wait_for_timeout(600)
-    assert in_view(page, "#compare-md") and in_view(page, "#cmp-spec") and in_view(page, "#cmp-base")
+    for pane in ("#compare-md", "#cmp-spec", "#cmp-base"):  # the race scrolls itself into view
+        wait_in_view(page, pane)
     for pane in ("#cmp-spec", "#cmp-base"):  # the race's panes scroll and wrap too: every token reachable
         assert page.evaluate("""(sel) => { const box = document.querySelector(sel); box.scrollTop = box.scrollHeight;
             const spans = [...box.querySelectorAll('.sd-tok')]; const r = spans[spans.length - 1].getBoundingClientRect();
@@ -339,12 +349,12 @@ def test_phone_layout(url, browser):
     wait_text(page, "#token-detail", "round 1", 30_000)
     wait_text(page, "#round-info", "Round 1", 30_000)
     page.evaluate("() => window.scrollTo(0, 0)")
-    page.wait_for_timeout(300)
+    settle(page)
     shot(page, "app_phone.png")
     # Compare on a phone: the race and its explained ratio come into view by themselves.
     page.locator("#compare-btn").tap()
     wait_text(page, "#compare-md", "Measured ratio", 120_000)
-    page.wait_for_timeout(800)
-    assert in_view(page, "#compare-md") and "Why speculation" in page.locator("#compare-md").text_content()
+    wait_in_view(page, "#compare-md")
+    assert "Why speculation" in page.locator("#compare-md").text_content()
     assert not watch.bad, watch.bad
     page.close()
