@@ -15,7 +15,7 @@ import gradio as gr
 
 from specdec import Loaded, RoundEvent
 from specdec.api import encode
-from specdec.metrics import Metrics
+from specdec.metrics import Metrics, RequestMetrics
 from specdec.stats import accepted_by_lookup, is_lossy, summarize
 
 from . import plots
@@ -24,7 +24,7 @@ from .gate import open_gate
 from .replay import highlight_css, instructive_round, round_markdown
 from .round_views import RoundViews, round_slider
 from .sampler_view import SamplerView
-from .serving import RequestMetrics, arrival_time
+from .serving import arrival_time
 from .session import Run, Session, Settings
 from .stats_line import stats_markdown
 from .tokens import render_round

@@ -7,8 +7,9 @@ from .heads import HeadsConfig, MedusaHeads
 from .request import GenerationRequest
 from .sampler import SamplingParams
 from .scheduler import RequestFailed, Scheduler
+from .streaming import Delta, Stream, stream
 
-__all__ = ["load", "generate", "generate_batch", "Scheduler", "RequestFailed", "Loaded", "GenerationResult",
+__all__ = ["load", "generate", "generate_batch", "stream", "Stream", "Delta", "Scheduler", "RequestFailed", "Loaded", "GenerationResult",
            "Engine", "SamplingParams", "RoundEvent", "TreeNode", "EmittedToken", "MedusaHeads", "HeadsConfig", "Tree", "build_tree", "PRESETS",
            "GenerationRequest"]
 __version__ = "0.1.0"

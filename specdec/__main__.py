@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
@@ -32,12 +33,8 @@ def main(argv=None) -> int:
 
         return train_main(argv[1:], prog="specdec train")
     if argv[:1] == ["serve"]:
-        from .serve import main as serve_main
-
-        return serve_main(argv[1:])
+        return serve(argv[1:])
     if argv[:1] == ["app"]:
-        from .serve import demo_module
-
         try:
             demo = demo_module()
         except ValueError as e:
@@ -186,6 +183,112 @@ def export_heads(a: argparse.Namespace) -> int:
     c = heads.config
     print(f"wrote {c.num_heads} heads x {c.num_layers} blocks (hidden {c.hidden_size}, vocab {c.vocab_size}) "
           f"in the {a.format} layout to {out}", file=sys.stderr)
+    return 0
+
+
+def demo_module():
+    """The Gradio app's module: `specdec.ui.demo` in an installed wheel, `components.demo` in a checkout."""
+    for module in ("specdec.ui.demo", "components.demo"):
+        try:
+            return importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if (e.name or "").split(".")[0] in ("gradio", "plotly"):
+                raise ValueError("the app needs gradio and plotly: pip install 'specdec[app]'") from e
+            if not module.startswith(e.name or "\0"):  # something the app imports is missing: a real error
+                raise
+    raise ValueError("the app is not installed: neither specdec.ui.demo nor components.demo can be imported")
+
+
+def serve_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """`specdec serve`'s flags, each value checked before a model loads (an error names the flag)."""
+
+    import torch
+
+    from .api import resolve_dtype
+    from .scheduler import DEFAULT_MAX_BATCH_SIZE
+
+    p = argparse.ArgumentParser(prog="specdec serve", formatter_class=DEFAULTS, description="an OpenAI-compatible server on specdec's "
+                                "scheduler: /v1/completions, /v1/chat/completions, /v1/models, /metrics, /health")
+    p.add_argument("--model", default=None, help="hub id or local path (default: the embedded model)")
+    p.add_argument("--heads", default=None, help="heads folder, hub repo id or 'random' (default: the embedded heads)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when present)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE,
+                   help="requests decoded together, one target forward per round (default: %(default)s)")
+    p.add_argument("--prefix-cache-mb", type=float, default=256.0, help="the prefix KV cache's budget in MiB")
+    p.add_argument("--no-prefix-cache", action="store_true", help="prefill every prompt from scratch")
+    p.add_argument("--engine-process", default="auto", choices=("auto", "on", "off"),
+                   help="run the model in its own process, so that the server's Python shares no GIL with the "
+                        "rounds (auto, the default: on a CPU)")
+    p.add_argument("--threads", default="auto", help="torch threads on a CPU: 'auto' (measured at start) or a count")
+    p.add_argument("--ui", action="store_true", help="also serve the Gradio app, at /")
+    args = p.parse_args(argv)
+    if not 1 <= args.port <= 65535:
+        p.error(f"--port must be in [1, 65535], got {args.port}")
+    if args.max_batch_size < 1:
+        p.error(f"--max-batch-size must be >= 1, got {args.max_batch_size}")
+    if not args.prefix_cache_mb > 0:
+        p.error(f"--prefix-cache-mb must be > 0, got {args.prefix_cache_mb} (use --no-prefix-cache to switch it off)")
+    if args.threads != "auto":
+        given, args.threads = args.threads, int(args.threads) if args.threads.strip().isdigit() else 0
+        if args.threads < 1:
+            p.error(f"--threads must be 'auto' or an integer >= 1, got {given!r}")
+    from . import hub
+    from .api import resolve_device
+
+    checks = (("--device", lambda: resolve_device(args.device)),
+              ("--dtype", lambda: resolve_dtype(args.dtype, torch.device("cpu"))),
+              ("--model", lambda: args.model is None or hub.check(args.model, "model")),
+              ("--heads", lambda: args.heads in (None, "random") or hub.check(args.heads, "heads")))
+    for flag, check in checks:
+        try:
+            check()
+        except ValueError as e:
+            p.error(f"{flag}: {e}")
+    return args
+
+
+def serve(argv: list[str] | None = None) -> int:
+    """`specdec serve [flags]`: load the model, then serve until interrupted; the exit code."""
+    import uvicorn
+
+    from . import api, engine_process
+    from .metrics import Metrics
+    from .serve import build_server
+    from .prefix_cache import PrefixCache
+    from .threads import serving_threads
+
+    args = serve_args(argv)
+    cache = None if args.no_prefix_cache else int(args.prefix_cache_mb * 2**20)
+    try:
+        remote = engine_process.wanted(args.engine_process, args.device)
+        ui = demo_module() if args.ui else None  # refused now, not after the model has loaded
+        if remote:  # the model and its scheduler in their own process: no GIL shared with the server's Python
+            loaded = engine_process.start(threads=args.threads, model=args.model, heads=args.heads, device=args.device,
+                                          dtype=args.dtype, prefix_cache=cache, max_batch_size=args.max_batch_size)
+            line = loaded.threads
+        else:
+            loaded = api.load(args.model, heads=args.heads, device=args.device, dtype=args.dtype,
+                              prefix_cache=None if cache is None else PrefixCache(max_bytes=cache),
+                              max_batch_size=args.max_batch_size)
+            line = serving_threads(loaded, args.threads)
+    except (ValueError, RuntimeError) as e:  # a model, heads or device specdec refuses: one line, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        metrics = Metrics()
+        app = build_server(loaded, metrics=metrics, ui=ui.build_demo(loaded, metrics=metrics) if ui else None)
+        if not remote:  # measured now, on the scheduler's thread, not in the first request (an engine process does)
+            loaded.scheduler.call_soon(loaded.engine.cost_model)
+        print(f"engine: {'its own process' if remote else 'in the server process'}" + (f"; {line}" if line else ""),
+              flush=True)
+        print(f"serving {loaded.name} at http://{args.host}:{args.port}/v1" + (" and the app at /" if ui else ""),
+              flush=True)
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    finally:
+        (loaded.close if remote else loaded.scheduler.close)()
     return 0
 
 

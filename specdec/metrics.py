@@ -13,6 +13,9 @@ where both count decoding rounds only (the prefill is not a draft round).
 """
 from __future__ import annotations
 
+import time
+from typing import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .events import RoundEvent
@@ -99,3 +102,80 @@ class Metrics:
         if cache is not None:
             self.cache_bytes.set(cache["bytes"])
             self.cache_hit_ratio.set(cache["hit_ratio"])
+
+
+class RequestMetrics:
+    """One request's lifecycle in `metrics` (a no-op without): rounds, queue wait, time to first token, TPOT,
+    end-to-end latency and its outcome ("ok", "error" or "cancelled").
+
+    Either `begin()`, `on_round(ev)` per round, then `end(outcome)` (`specdec serve`), or as a context manager
+    around a handler's body (the app): "error" when the body raises, "cancelled" when the generator is closed
+    or `cancelled` was set, else "ok". Latencies are observed for "ok" requests only: a cancelled request's
+    duration is the client's choice, not the server's speed.
+    """
+
+    def __init__(self, metrics: Metrics | None, arrival: float | None = None,
+                 cache_state: Callable[[], dict | None] | None = None) -> None:
+        """arrival: `time.monotonic()` when the HTTP request arrived (None: the start stands in for it).
+        cache_state: reads the prefix cache's state as plain values."""
+        self.m = metrics
+        self.arrival = arrival
+        self.cache_state = cache_state or (lambda: None)
+        self.cancelled = False
+        self.outcome: str | None = None  # set by the caller before `end()`; None ends as "cancelled"
+        self.start = self.first = self.last = None
+        self.tokens = 0
+        self.ended = False
+
+    @property
+    def t0(self) -> float:
+        """Where the request's latencies start: its arrival when stamped, else its start."""
+        return self.arrival if self.arrival is not None else self.start
+
+    def begin(self) -> "RequestMetrics":
+        self.start = time.monotonic()
+        if self.m is not None:
+            self.m.in_flight.inc()
+            if self.arrival is not None:
+                self.m.queue_wait.observe(max(0.0, self.start - self.arrival))
+        return self
+
+    def on_round(self, ev: RoundEvent) -> None:
+        """The engine's `on_round` callback: round metrics, time to first token, the token clock."""
+        if self.m is None:
+            return
+        now = time.monotonic()
+        self.m.observe_round(ev)
+        if ev.emitted:
+            if self.first is None:
+                self.first = now
+                self.m.ttft.observe(now - self.t0)
+            self.last = now
+            self.tokens += len(ev.emitted)
+        if ev.index == 0:
+            self.m.observe_cache(self.cache_state())  # the prefill has just looked up and filled it
+
+    def end(self, outcome: str | None = None) -> None:
+        """Count the request once, as `outcome` (default: `self.outcome`, else "cancelled")."""
+        if self.ended or self.m is None:
+            self.ended = True
+            return
+        self.ended = True
+        outcome = outcome or self.outcome or "cancelled"
+        if outcome == "ok":
+            self.m.e2e.observe(time.monotonic() - self.t0)
+            if self.tokens > 1:
+                self.m.tpot.observe((self.last - self.first) / (self.tokens - 1))
+        self.m.requests.labels(outcome=outcome).inc()
+        self.m.in_flight.dec()
+        self.m.observe_cache(self.cache_state())
+
+    def __enter__(self) -> "RequestMetrics":
+        return self.begin()
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is GeneratorExit or (exc_type is None and self.cancelled):
+            self.end("cancelled")
+        else:
+            self.end("error" if exc_type is not None else "ok")
+        return False  # never swallow the exception

@@ -10,13 +10,10 @@ a 400 in OpenAI's error shape naming the field. Each response, and the last stre
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import importlib
 import json
 import re
-import sys
 import threading
 import time
 import uuid
@@ -31,8 +28,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 
-from .metrics import Metrics
-from .scheduler import DEFAULT_MAX_BATCH_SIZE, RequestFailed
+from .metrics import Metrics, RequestMetrics
+from .scheduler import RequestFailed
 from .streaming import Delta, Stream, stream
 
 CHAT_DEFAULT_TOKENS = 4096  # a chat request's default max_tokens where the model's context is unknown
@@ -95,39 +92,7 @@ class ChatBody(_Body):
     max_completion_tokens: int | None = None
 
 
-class _Lifecycle:
-    """One request's figures in `metrics`: its rounds, time to first token, latency and outcome."""
-
-    def __init__(self, metrics: Metrics, cache_state) -> None:
-        self.m, self.cache_state = metrics, cache_state
-        self.outcome = "cancelled"  # until the response is complete ("ok") or failed ("error")
-        self.t0, self.first, self.last, self.tokens, self.ended = time.monotonic(), None, None, 0, False
-        metrics.in_flight.inc()
-
-    def round(self, ev) -> None:
-        now = time.monotonic()
-        self.m.observe_round(ev)
-        if ev.emitted:
-            if self.first is None:
-                self.first = now
-                self.m.ttft.observe(now - self.t0)
-            self.last, self.tokens = now, self.tokens + len(ev.emitted)
-        if ev.index == 0:
-            self.m.observe_cache(self.cache_state())  # the prefill has just looked it up and filled it
-
-    def end(self) -> None:
-        if self.ended:
-            return
-        self.ended = True
-        if self.outcome == "ok":  # a cancelled request's duration is the client's choice, not the server's speed
-            self.m.e2e.observe(time.monotonic() - self.t0)
-            if self.tokens > 1:
-                self.m.tpot.observe((self.last - self.first) / (self.tokens - 1))
-        self.m.requests.labels(outcome=self.outcome).inc()
-        self.m.in_flight.dec()
-
-
-async def _deltas(s: Stream, life: _Lifecycle) -> AsyncIterator[Delta]:
+async def _deltas(s: Stream, life: RequestMetrics) -> AsyncIterator[Delta]:
     """The stream's deltas on the event loop; a thread iterates it (each `next` waits for a round)."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
@@ -136,7 +101,7 @@ async def _deltas(s: Stream, life: _Lifecycle) -> AsyncIterator[Delta]:
         last: object = _END
         try:
             for d in s:
-                life.round(d.event)
+                life.on_round(d.event)
                 loop.call_soon_threadsafe(queue.put_nowait, d)
         except Exception as e:  # noqa: BLE001 (RequestFailed, or a closed loop: the client gets it if still there)
             last = e
@@ -156,7 +121,7 @@ async def _deltas(s: Stream, life: _Lifecycle) -> AsyncIterator[Delta]:
 class _EventStream(StreamingResponse):
     """Server-sent events whose request is cancelled, and counted, however the response ends (a hang-up too)."""
 
-    def __init__(self, chunks: AsyncIterator[str], s: Stream, life: _Lifecycle) -> None:
+    def __init__(self, chunks: AsyncIterator[str], s: Stream, life: RequestMetrics) -> None:
         super().__init__(chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         self.s, self.life = s, life
 
@@ -168,7 +133,7 @@ class _EventStream(StreamingResponse):
             self.life.end()
 
 
-async def _events(s: Stream, life: _Lifecycle, head: dict, chat: bool, usage: bool) -> AsyncIterator[str]:
+async def _events(s: Stream, life: RequestMetrics, head: dict, chat: bool, usage: bool) -> AsyncIterator[str]:
     """The chunks of a streamed response, as OpenAI sends them, then `[DONE]`."""
     head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
     extra = {"usage": None} if usage else {}  # with include_usage, every chunk has the field
@@ -194,7 +159,7 @@ async def _events(s: Stream, life: _Lifecycle, head: dict, chat: bool, usage: bo
     yield "data: [DONE]\n\n"
 
 
-async def _respond(request: Request, s: Stream, life: _Lifecycle, head: dict, chat: bool) -> Response:
+async def _respond(request: Request, s: Stream, life: RequestMetrics, head: dict, chat: bool) -> Response:
     """The whole response as one JSON body; a client that hangs up first cancels its request."""
     async def collect() -> str:
         text = "".join([d.text async for d in _deltas(s, life)])
@@ -310,7 +275,7 @@ def build_server(loaded, *, metrics: Metrics | None = None, ui=None) -> FastAPI:
             raise ApiError(message, rename.get(found[1], found[1]) if found else None) from None
         except RuntimeError as e:  # the scheduler is closed, or the engine's process has ended
             raise ApiError(str(e), None, "unavailable", 503, "server_error") from None
-        life = _Lifecycle(metrics, cache_state)
+        life = RequestMetrics(metrics, cache_state=cache_state).begin()
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                 "object": "chat.completion" if chat else "text_completion", "created": int(time.time()), "model": name}
         if body.stream:
@@ -365,6 +330,8 @@ def build_server(loaded, *, metrics: Metrics | None = None, ui=None) -> FastAPI:
     if ui is not None:  # last: a mount at "/" shadows every route added after it
         import gradio as gr
 
+        from .__main__ import demo_module
+
         app = gr.mount_gradio_app(app, ui, path="/", **demo_module().launch_kwargs())
     return app
 
@@ -398,101 +365,3 @@ async def _invalid_body(_: Request, e: RequestValidationError) -> JSONResponse:
     else:
         error = ApiError(f"`{where}`: {err['msg']}", param, "invalid_type")
     return error.response()
-
-
-def demo_module():
-    """The Gradio app's module: `specdec.ui.demo` in an installed wheel, `components.demo` in a checkout."""
-    for module in ("specdec.ui.demo", "components.demo"):
-        try:
-            return importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if (e.name or "").split(".")[0] in ("gradio", "plotly"):
-                raise ValueError("the app needs gradio and plotly: pip install 'specdec[app]'") from e
-            if not module.startswith(e.name or "\0"):  # something the app imports is missing: a real error
-                raise
-    raise ValueError("the app is not installed: neither specdec.ui.demo nor components.demo can be imported")
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """`specdec serve`'s flags, each value checked before a model loads (an error names the flag)."""
-    import torch
-
-    from .api import resolve_dtype
-
-    p = argparse.ArgumentParser(prog="specdec serve", description="an OpenAI-compatible server on specdec's "
-                                "scheduler: /v1/completions, /v1/chat/completions, /v1/models, /metrics, /health")
-    p.add_argument("--model", default=None, help="hub id or local path (default: the embedded model)")
-    p.add_argument("--heads", default=None, help="heads folder, hub repo id or 'random' (default: the embedded heads)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when present)")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: bf16 on CUDA, fp32 on CPU)")
-    p.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE,
-                   help="requests decoded together, one target forward per round (default: %(default)s)")
-    p.add_argument("--prefix-cache-mb", type=float, default=256.0, help="the prefix KV cache's budget in MiB")
-    p.add_argument("--no-prefix-cache", action="store_true", help="prefill every prompt from scratch")
-    p.add_argument("--engine-process", default="auto", choices=("auto", "on", "off"),
-                   help="run the model in its own process, so that the server's Python shares no GIL with the "
-                        "rounds (auto, the default: on a CPU)")
-    p.add_argument("--threads", default="auto", help="torch threads on a CPU: 'auto' (measured at start) or a count")
-    p.add_argument("--ui", action="store_true", help="also serve the Gradio app, at /")
-    args = p.parse_args(argv)
-    if not 1 <= args.port <= 65535:
-        p.error(f"--port must be in [1, 65535], got {args.port}")
-    if args.max_batch_size < 1:
-        p.error(f"--max-batch-size must be >= 1, got {args.max_batch_size}")
-    if not args.prefix_cache_mb > 0:
-        p.error(f"--prefix-cache-mb must be > 0, got {args.prefix_cache_mb} (use --no-prefix-cache to switch it off)")
-    if args.threads != "auto":
-        given, args.threads = args.threads, int(args.threads) if args.threads.strip().isdigit() else 0
-        if args.threads < 1:
-            p.error(f"--threads must be 'auto' or an integer >= 1, got {given!r}")
-    try:
-        resolve_dtype(args.dtype, torch.device("cpu"))
-    except ValueError as e:
-        p.error(f"--dtype: {e}")
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`specdec serve [flags]`: load the model, then serve until interrupted; the exit code."""
-    import uvicorn
-
-    from . import api, engine_process
-    from .prefix_cache import PrefixCache
-    from .threads import serving_threads
-
-    args = parse_args(argv)
-    cache = None if args.no_prefix_cache else int(args.prefix_cache_mb * 2**20)
-    try:
-        remote = engine_process.wanted(args.engine_process, args.device)
-        ui = demo_module() if args.ui else None  # refused now, not after the model has loaded
-        if remote:  # the model and its scheduler in their own process: no GIL shared with the server's Python
-            loaded = engine_process.start(threads=args.threads, model=args.model, heads=args.heads, device=args.device,
-                                          dtype=args.dtype, prefix_cache=cache, max_batch_size=args.max_batch_size)
-            line = loaded.threads
-        else:
-            loaded = api.load(args.model, heads=args.heads, device=args.device, dtype=args.dtype,
-                              prefix_cache=None if cache is None else PrefixCache(max_bytes=cache),
-                              max_batch_size=args.max_batch_size)
-            line = serving_threads(loaded, args.threads)
-    except (ValueError, RuntimeError) as e:  # a model, heads or device specdec refuses: one line, no traceback
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        metrics = Metrics()
-        app = build_server(loaded, metrics=metrics, ui=ui.build_demo(loaded, metrics=metrics) if ui else None)
-        if not remote:  # measured now, on the scheduler's thread, not in the first request (an engine process does)
-            loaded.scheduler.call_soon(loaded.engine.cost_model)
-        print(f"engine: {'its own process' if remote else 'in the server process'}" + (f"; {line}" if line else ""),
-              flush=True)
-        print(f"serving {loaded.name} at http://{args.host}:{args.port}/v1" + (" and the app at /" if ui else ""),
-              flush=True)
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
-    finally:
-        (loaded.close if remote else loaded.scheduler.close)()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

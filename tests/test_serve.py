@@ -18,7 +18,9 @@ from transformers import AutoTokenizer
 
 import specdec
 from specdec.metrics import Metrics
-from specdec.serve import build_server, demo_module, main, parse_args
+from specdec.__main__ import demo_module, serve_args
+from specdec.__main__ import serve as main
+from specdec.serve import build_server
 from conftest import wait_until
 
 pytestmark = pytest.mark.usefixtures("schedulers_idle")  # every request a test makes has ended after it
@@ -308,14 +310,17 @@ def test_the_app_mounts_at_the_root_beside_the_api(loaded):
 @pytest.mark.parametrize("argv, flag", [
     (["--port", "70000"], "--port"), (["--max-batch-size", "0"], "--max-batch-size"),
     (["--prefix-cache-mb", "0"], "--prefix-cache-mb"), (["--threads", "x"], "--threads"),
-    (["--dtype", "float8"], "--dtype"), (["--engine-process", "maybe"], "--engine-process")])
+    (["--dtype", "float8"], "--dtype"), (["--engine-process", "maybe"], "--engine-process"),
+    (["--device", "cuda:9"], "--device"), (["--model", "./no/such/model"], "--model")])
 def test_bad_flags_are_refused_by_name_before_loading(argv, flag, capsys):
     with pytest.raises(SystemExit) as e:
-        parse_args(argv)
-    assert e.value.code == 2 and flag in capsys.readouterr().err
+        serve_args(argv)
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # argparse's error line, after the usage
+    assert e.value.code == 2 and last.startswith("specdec serve: error: ") and flag in last
 
 
 def test_a_model_that_cannot_load_is_one_line_and_exit_code_2(tmp_path, capsys):
-    assert main(["--model", str(tmp_path / "missing"), "--engine-process", "off"]) == 2
+    (tmp_path / "broken").mkdir()  # a folder, but no model in it
+    assert main(["--model", str(tmp_path / "broken"), "--engine-process", "off"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err

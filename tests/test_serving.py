@@ -14,7 +14,7 @@ import loadtest
 import specdec
 from conftest import APP_GREEDY, free_port, wait_until
 from app import build_demo, launch_kwargs
-from components.serving import RequestMetrics
+from specdec.metrics import RequestMetrics
 from specdec.metrics import Metrics
 from specdec.prefix_cache import PrefixCache
 
