@@ -36,7 +36,7 @@ def profile(cfg: BenchConfig, log=print) -> dict:
         log(f"{s:<8}" + "".join(f"{c:>20}" for c in cells))
     best = [r["stage_ms_per_round_best_repeat"] for r in rows]
     log(f"{'non-fwd':<8}" + "".join(f"{100 * (b['total'] - b['forward']) / b['total']:>19.1f}%" for b in best)
-        + "   (issue 11 target for the default, hybrid_greedy: <= 20%)")
+        + "   (the target for the default, hybrid_greedy: <= 20%)")
     log(f"{'all reps':<8}" + "".join(f"{r['non_forward_pct']:>19.1f}%" for r in rows) + "   (non-fwd, every repeat)")
     log(f"{'non-model':<8}" + "".join(f"{100 * (b['total'] - b['forward'] - b['rows']) / b['total']:>19.1f}%"
                                      for b in best) + "   (outside forward and rows: the engine's own share)")

@@ -117,7 +117,7 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
                        sampler_plot, round_style, event_json]
         round_outputs = [tree_plot, rounds.info, event_json, rounds.slider, round_style]
         # Runs wait in Gradio's queue for one of the scheduler's batch slots; the scheduler decodes
-        # up to `max_batch_size` of them together (1: one run at a time, as before batching).
+        # up to `max_batch_size` of them together (1: one run at a time).
         model_queue = dict(concurrency_id="model", concurrency_limit=loaded.max_batch_size)
         # Views never wait for the model queue. They are queued on their own (errors come back as
         # toasts, not HTTP 500s) and take raw values (preprocess=False): our own checks name the

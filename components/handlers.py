@@ -83,8 +83,7 @@ class Handlers(RoundViews, SamplerView, RaceView):
         self.metrics = metrics  # the app's Prometheus metrics (Generate requests only), or None
         ctx = self.gate.info["context"]
         self.max_prompt_tokens = min(max_prompt_tokens, ctx - 2) if ctx else max_prompt_tokens
-        # Plotly redraws are the browser's heaviest work while streaming (measured: a page
-        # stalled for many seconds with four figures every 0.5 s), so the tree updates every
+        # Plotly redraws are the browser's heaviest work while streaming, so the tree updates every
         # `figure_interval` s and the three charts less often; the final update has them all.
         self.figure_interval = figure_interval
         self.chart_interval = 4 * figure_interval if chart_interval is None else chart_interval
@@ -197,8 +196,8 @@ class Handlers(RoundViews, SamplerView, RaceView):
 
         A streamed update re-sends every view that is not due with the value it last sent, rather than
         gr.skip(): Gradio 6 handles each skipped output by building a new component from the output's
-        constructor arguments and rebuilding its config, pydantic JSON schema included (measured: 7.3 ms
-        of the server's event loop for an update skipping 8 views, 1.3 ms re-sending them). An unchanged
+        constructor arguments and rebuilding its config, pydantic JSON schema included, which costs the
+        server's event loop several times what re-sending them does. An unchanged
         value is an empty diff on the wire, and figures go as `plots.plot_data`, serialized once. The
         event loop shares the GIL with the scheduler's thread, so under load its time is decoding time.
         """

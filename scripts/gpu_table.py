@@ -72,7 +72,7 @@ def main(folder: str) -> None:
         best = max(spec, key=lambda r: r["tok_s_median"]) if spec else None
         if best:
             t = best["tok_s_median"]
-            print(f"\nBest tree: {best['id']}. Targets (issue 11):\n")
+            print(f"\nBest tree: {best['id']}. Targets:\n")
             print("| figure | measured | target |\n| --- | ---: | ---: |")
             print(f"| tokens/s | {t:.0f} | >= 600 |")
             print(f"| / HF eager generate | {t / hf:.2f}x | >= 8x |")
@@ -81,7 +81,7 @@ def main(folder: str) -> None:
             print(f"| engine efficiency (speedup over own plain / tau) | {fmt(best.get('efficiency'))} | >= 0.8 |")
         if "auto_greedy" in m:
             a = m["auto_greedy"]
-            print(f"\nDynamic tree (issue 12): {fmt(a.get('mean_tree_nodes'), '.1f')} nodes per round on average, "
+            print(f"\nDynamic tree: {fmt(a.get('mean_tree_nodes'), '.1f')} nodes per round on average, "
                   f"tau {fmt(a.get('mean_accepted_length'))}; cost model (ms by nodes): {meta.get('cost_model_ms')}")
         print(f"\nCUDA graphs: {json.dumps(meta.get('cuda_graphs'))}")
     ex = load(d / "exactness.json")
@@ -95,7 +95,7 @@ def main(folder: str) -> None:
                     break
     b = load(d / "batch.json")
     if b:
-        print(f"\nBatching (issue 13), {b['model']}, {b['prompts']} prompts x {b['tokens']} tokens, greedy:\n")
+        print(f"\nBatching, {b['model']}, {b['prompts']} prompts x {b['tokens']} tokens, greedy:\n")
         print("| mode | batch | tok/s | x batch 1 | outputs identical |\n| --- | ---: | ---: | ---: | --- |")
         for r in b["rows"]:
             print(f"| {r['mode']} | {r['batch']} | {r['tok_s']:.0f} | {fmt(r.get('vs_first_size'))} | "

@@ -1,9 +1,7 @@
-"""The model in its own process: the caller's Python no longer shares a GIL with the rounds.
+"""The model in its own process, so a server's Python does not share a GIL with the rounds.
 
-A server's Python (Gradio's event loop, the handlers, the figures) and the scheduler's rounds shared one
-GIL: on a 2-core CPU a batch-8 server's rounds took 1.7x as long per request as the engine's alone, and a
-Python thread busy 30% of the time slowed the engine by a quarter while the same work in another process
-cost it nothing (docs/serving.md). vLLM's V1 engine made the same move for the same reason.
+A server's Python (an event loop, handlers, figures) slows a scheduler that shares its GIL; in another
+process that work costs the rounds nothing (BENCHMARKS.md, "Serving through the app").
 
 `start(...)` spawns a process that loads the model (`specdec.load`) and runs its `Scheduler`; this process
 gets a `RemoteModel` with the faces a server uses:
