@@ -5,6 +5,7 @@ Skips only when Chromium is missing or cannot start here.
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import shutil
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import specdec
-from conftest import free_port
+from conftest import free_port, wait_until
 from app import build_demo, launch_kwargs
 from specdec.lookup import DEFAULT_LOOKUP
 
@@ -31,12 +32,35 @@ ROUNDS: list = []  # every round event of every Generate run
 APP: dict = {}
 
 
+class RoundGate:
+    """Holds a run at round `at` until the test releases it, so that a click lands mid-run however fast
+    decoding is (it holds the scheduler's thread, and so every request: one test at a time)."""
+
+    def __init__(self) -> None:
+        self.at: int | None = None
+        self.go = threading.Event()
+        self.go.set()
+
+    def hold(self, at: int) -> None:
+        self.at = at
+        self.go.clear()
+
+    def release(self) -> None:
+        self.at = None
+        self.go.set()
+
+    def __call__(self, ev) -> None:
+        if self.at is not None and ev.index >= self.at:
+            assert self.go.wait(60), "the test never released the held round"
+
+
+GATE = RoundGate()
+
+
 @pytest.fixture(scope="module")
 def url():
-    # 40 ms per round: a 512-token run then takes seconds, so that Stop lands mid-run however fast
-    # decoding gets (the dynamic tree and batching made it race the click).
     APP["loaded"] = loaded = specdec.load(device="cpu")
-    demo = build_demo(loaded, replay_interval=0.4, on_round=[lambda ev: time.sleep(0.04), ROUNDS.append])
+    demo = build_demo(loaded, replay_interval=0.4, on_round=[ROUNDS.append, GATE])
     _, local, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
                               quiet=True, **launch_kwargs())
     yield local
@@ -283,10 +307,14 @@ def test_after_stop_every_round_is_reachable(url, browser):
     page, watch = open_app(browser, url, viewport={"width": 1440, "height": 900})
     page.locator("#prompt textarea").fill("def quicksort(arr):")
     set_number(page, "max-new", 512)
-    set_number(page, "temperature", 0.0)  # greedy: no sampled EOS can end the run before Stop lands
-    page.click("#generate-btn")
-    wait_text(page, "#stats", "decoding rounds", 60_000)  # a few rounds in (a whole run takes seconds)
-    page.click("#stop-btn")
+    set_number(page, "temperature", 0.0)
+    GATE.hold(3)
+    try:
+        page.click("#generate-btn")
+        wait_text(page, "#stats", "decoding rounds", 60_000)  # a few rounds in; the run waits at round 3
+        page.click("#stop-btn")
+    finally:
+        GATE.release()
     wait_text(page, "#stats", "stopped by you", 60_000)
     rounds = int(page.locator("#stats strong").nth(1).text_content())  # "**N** tokens in **R** decoding rounds"
     page.wait_for_function("(r) => document.querySelector('#round-slider input[type=number]').max == String(r)",
@@ -305,11 +333,17 @@ def test_a_tabs_second_generate_replaces_its_first(url, browser):
     set_number(page, "max-new", 512)
     page.locator("#prompt textarea").fill("def quicksort(arr):")
     start = len(ROUNDS)
-    page.click("#generate-btn")
-    wait_text(page, "#stats", "decoding rounds", 60_000)
-    page.locator("#prompt textarea").fill("class Stack:")
-    set_number(page, "max-new", 12)
-    page.click("#generate-btn")
+    GATE.hold(3)
+    try:
+        page.click("#generate-btn")
+        wait_text(page, "#stats", "decoding rounds", 60_000)  # the first run waits at round 3
+        page.locator("#prompt textarea").fill("class Stack:")
+        set_number(page, "max-new", 12)
+        page.click("#generate-btn")
+        # the second run is queued only after the tab's replace event stopped the first
+        wait_until(lambda: APP["loaded"].scheduler.stats()["waiting"] >= 1, 60, "the second run's submit")
+    finally:
+        GATE.release()
     wait_text(page, "#stats", "done: reached max new tokens", 90_000)
     assert page.locator("#tokens .sd-prompt").text_content() == "class Stack:"
     assert page.locator("#tokens .sd-tok").count() == 12
