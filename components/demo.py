@@ -20,7 +20,8 @@ import gradio as gr
 import specdec
 from . import Handlers, Session, Settings, layout, plots, serving
 from .app_args import engine_process_on, parse_args, prefix_cache, prefix_cache_bytes
-from .texts import API, SCROLL_TO_RACE_JS
+from .pace import UI_PACE
+from .texts import API, CLEAR_DETAIL_JS, SCROLL_TO_RACE_JS
 from specdec.batch import FaultHook, chaos
 from specdec import engine_process
 from specdec.threads import serving_threads
@@ -78,7 +79,7 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
     h = Handlers(loaded, max_prompt_tokens=max_prompt_tokens, figure_interval=figure_interval,
                  text_interval=text_interval, on_round=on_round, metrics=metrics, replay_interval=replay_interval)
     # Without heads, speculation still runs on prompt lookup alone (Settings' default lookup is DEFAULT_LOOKUP).
-    d = Settings(tree=h.default_tree)
+    d = h.page_defaults()
     prompts = examples()
     with gr.Blocks(title="specdec: speculative decoding, visible") as demo:
         session = gr.State(Session(live=d), delete_callback=lambda s: s.clear())
@@ -95,11 +96,13 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
                 chat = gr.Checkbox(h.has_chat_template, interactive=h.has_chat_template, elem_id="chat",
                                    label="chat: wrap the prompt as a user turn (the model's chat template)"
                                    if h.has_chat_template else "chat (this model has no chat template)")
-                race = layout.compare_box()
+                pacing = layout.pace_controls()
                 tokens, round_style = layout.token_panel()
                 stats = gr.Markdown("", label="stats", elem_id="stats")
                 rounds = layout.round_controls()
                 tree_plot = gr.Plot(plots.tree_figure(None), label="Draft tree of the round", elem_id="tree-plot")
+                nodes = layout.node_table()
+                race = layout.compare_box()  # below the run's views: the output is not Compare's
             with gr.Column(scale=2, min_width=320, elem_id="side-col"):
                 sampler_plot = gr.Plot(label="Sampler view", elem_id="sampler-plot")
                 c = layout.settings_panel(d, h.tree_choices)
@@ -114,8 +117,8 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
                     c.speculative, c.lookup, c.lookup_mode, chat]
         cmp_controls = [x for x in controls if x is not c.speculative]  # a race always runs both
         gen_outputs = [tokens, stats, tree_plot, rounds.slider, rounds.info, len_plot, depth_plot, tps_plot,
-                       sampler_plot, round_style, event_json]
-        round_outputs = [tree_plot, rounds.info, event_json, rounds.slider, round_style]
+                       sampler_plot, round_style, nodes, event_json]
+        round_outputs = [tree_plot, rounds.info, event_json, rounds.slider, round_style, nodes]
         # Runs wait in Gradio's queue for one of the scheduler's batch slots; the scheduler decodes
         # up to `max_batch_size` of them together (1: one run at a time).
         model_queue = dict(concurrency_id="model", concurrency_limit=loaded.max_batch_size)
@@ -131,23 +134,30 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
         # `trigger_mode="multiple"`: the chained run starts while the replaced one is still winding down.
         new_run = dict(queue=False, api_visibility="private", show_progress="hidden")
         gen = gen_btn.click(h.replace, [session], None, **new_run).then(
-            gpu(h.generate), controls + [session], gen_outputs, api_name="generate", api_description=API["generate"],
+            gpu(h.generate_paced), controls + [pacing.pace, session], gen_outputs, api_name="generate", api_description=API["generate"],
             show_progress="minimal", show_progress_on=[stats], preprocess=False, trigger_mode="multiple",
             **model_queue)
+        fresh = [race.md, race.spec, race.base, rounds.info, rounds.slider]
+        for btn in (gen_btn, cmp_btn, clear_btn):
+            btn.click(lambda: tuple(gr.skip() for _ in fresh), None, fresh, queue=False, api_visibility="private",
+                      show_progress="hidden", js=CLEAR_DETAIL_JS)
+        pacing.step.click(h.step, [session], None, queue=False, api_visibility="private")
+        demo.load(None, None, pacing.pace, js=f"() => {UI_PACE!r}")  # the page's pace; the API's stays "fast"
         cmp_btn.click(lambda: gr.Row(visible=True), None, race.row, queue=False, api_visibility="private",
                       js=SCROLL_TO_RACE_JS)
         cmp = cmp_btn.click(h.replace, [session], None, **new_run).then(
             gpu(h.compare), cmp_controls + [session], [race.md, race.spec, race.base], api_name="compare",
             api_description=API["compare"], show_progress="minimal", preprocess=False, trigger_mode="multiple",
             **model_queue)
-        replay = rounds.replay.click(h.replay, [rounds.slider, session], round_outputs + [len_plot],
-                                     api_visibility="private", show_progress="hidden", **view_queue)
+        replays = [btn.click(fn, [rounds.slider, session], round_outputs + [len_plot], api_visibility="private",
+                             show_progress="hidden", **view_queue)
+                   for btn, fn in ((rounds.replay, h.replay), (rounds.replay_here, h.replay_from_here))]
         for btn in (gen_btn, cmp_btn, clear_btn):  # a new run or Clear ends a replay
-            btn.click(None, None, None, cancels=[replay], queue=False, api_visibility="private")
+            btn.click(None, None, None, cancels=replays, queue=False, api_visibility="private")
         # Stop does not cancel the events: the run ends at its next round and sends a final update
         # with every round (a cancelled event would leave the views at the last throttled update).
         stop_btn.click(h.stop, [session], None, api_name="stop", api_description=API["stop"], queue=False,
-                       cancels=[replay])
+                       cancels=replays)
         sliders = [prompt, c.temperature, c.top_k, c.top_p, c.min_p, c.acceptance, chat, session]
         clear_btn.click(h.clear, sliders, gen_outputs + [race.md, race.spec, race.base], api_name="clear",
                         api_description=API["clear"], queue=False, cancels=[gen, cmp], preprocess=False)

@@ -21,6 +21,8 @@ from specdec.stats import accepted_by_lookup, is_lossy, summarize
 from . import plots
 from .compare import COMPARE_HINT, RaceView
 from .gate import open_gate
+from .node_table import node_table_html
+from .pace import Pacer, check_pace
 from .replay import highlight_css, instructive_round, round_markdown
 from .round_views import RoundViews, round_slider
 from .sampler_view import SamplerView
@@ -99,7 +101,14 @@ class Handlers(RoundViews, SamplerView, RaceView):
 
     @property
     def default_tree(self) -> str:
-        return self.tree_choices[0][1]
+        """The page's tree: the heads' own (a tree with branches to watch), else the first choice."""
+        values = [v for _, v in self.tree_choices]
+        return next((t for t in ("trained", "default") if t in values), values[0])
+
+    def page_defaults(self) -> Settings:
+        """The page's settings, chosen to teach (Compare tells the speed story): the heads' tree with the
+        lookup chain merged into it, so most rounds draw branches and the heads make most accepted drafts."""
+        return Settings(tree=self.default_tree, lookup_mode="merge" if self.gate.info["heads"] else "first")
 
     @property
     def has_chat_template(self) -> bool:
@@ -108,6 +117,8 @@ class Handlers(RoundViews, SamplerView, RaceView):
     def encode(self, prompt, chat: bool = False) -> list[int]:
         """Prompt text -> ids (wrapped as a chat turn with `chat`), or ValueError for a bad prompt."""
         check_prompt(prompt)
+        if not prompt:
+            raise ValueError("Type a prompt first: the prompt box is empty.")
         ids = encode(self.loaded, prompt if isinstance(prompt, str) else None, None, chat=chat)
         if len(ids) > self.max_prompt_tokens:
             raise ValueError(f"The prompt has {len(ids)} tokens; the limit is {self.max_prompt_tokens}.")
@@ -127,9 +138,10 @@ class Handlers(RoundViews, SamplerView, RaceView):
             raise user_error(e) from None
         return settings, ids
 
-    def _json(self, run: Run, ev: RoundEvent, stopped: bool = False) -> dict:
+    def _json(self, run: Run, ev: RoundEvent, stopped: bool = False, events: list | None = None) -> dict:
         """The compact per-round record sent to API clients (and shown in the JSON panel)."""
-        return {"run": run.run_id, "round": ev.index, "new_tokens": ev.total_tokens, "text": run.text,
+        text = run.text if events is None else "".join(e.text for e in events)
+        return {"run": run.run_id, "round": ev.index, "new_tokens": ev.total_tokens, "text": text,
                 "accepted_length": ev.accepted_length, "emitted": [t.kind for t in ev.emitted],
                 "acceptance": ev.acceptance, "lossy": is_lossy(ev.acceptance),
                 "speculative": ev.speculative, "params": ev.params, "seed": run.seed,
@@ -137,24 +149,41 @@ class Handlers(RoundViews, SamplerView, RaceView):
                 "finished": ev.finished or ("stopped" if stopped else None)}
 
     # -- Generate --------------------------------------------------------------
+    def generate_paced(self, prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree, acceptance,
+                       speculative, lookup, lookup_mode, chat, pace=None, session: Session | None = None,
+                       request: gr.Request | None = None):
+        """`generate` with the pace as its last input (the page sends its control's; the API, none: "fast")."""
+        yield from self.generate(prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree, acceptance,
+                                 speculative, lookup, lookup_mode, chat, session, request, pace=pace)
+
     def generate(self, prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree, acceptance,
-                 speculative, lookup, lookup_mode, chat, session: Session, request: gr.Request | None = None):
+                 speculative, lookup, lookup_mode, chat, session: Session, request: gr.Request | None = None,
+                 pace=None):
         """Stream one generation: an update per round (batched when rounds are fast), figures throttled.
 
         The scheduler decodes this request together with other users' while we render; each yield
         costs Gradio a diff and a message, so rounds that arrive faster than `text_interval` share
-        one update. Stop ends the
-        run at the next round boundary and the last update still carries every figure. `request`
-        (from Gradio) stamps the request's arrival for the latency metrics.
+        one update. At a `pace` other than "fast" every round is shown, each held until its time (see
+        pace.py); Stop then ends the run at the round shown. Stop ends the run at the next round boundary
+        and the last update still carries every figure. `request` (from Gradio) stamps the request's
+        arrival for the latency metrics.
         """
         with RequestMetrics(self.metrics, arrival_time(request), self.gate.prefix_cache) as req:
+            try:
+                pace = check_pace(pace)
+            except ValueError as e:
+                raise user_error(e) from None
             settings, ids = self.validate(prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree,
                                           acceptance, speculative, lookup, lookup_mode, chat)
             run = session.start_run(prompt, ids, settings, chat=chat)
+            pacer = Pacer(pace, run)
+            # A paced run's request ends in the engine long before its last round is shown: its latency is the
+            # engine's, so it is counted as its last event arrives, not when the view catches up.
+            ended = [lambda e: req.end("ok") if e.finished else None] if pacer.paced else []
             try:
                 stream = self.gate.stream(settings.request(ids, lambda: session.live_params(run),
                                                            last_law=self.sampler_top),
-                                          on_round=[run.record, req.on_round, *self.on_round],
+                                          on_round=[run.record, req.on_round, *self.on_round, *ended],
                                           should_stop=session.should_stop(run))
             except gr.Error:
                 session.finish(run)
@@ -171,13 +200,18 @@ class Handlers(RoundViews, SamplerView, RaceView):
                     new, _ = self.gate.step(stream)  # `run.record` has already stored it
                     if new is None or run.replaced:  # a replaced run's tab shows its newer run now
                         break
+                    if not pacer.wait():  # Stop while the round waited for its turn: the run ends at the shown one
+                        while self.gate.step(stream)[0] is not None:  # the engine's last round: no record after
+                            pass
+                        del run.events[pacer.shown:]
+                        break
                     ev = new
                     text_html += render_round(ev, prev)
                     prev = ev.params
-                    if text_due():
-                        draw = tree_due()  # the tree, and the sampler view at the newest token (one forward)
-                        sampler = self._run_sampler(session, run, session.live) if draw else None
-                        yield self._updates(run, ev, text_html, draw, charts_due(), sampler, shown)
+                    if pacer.paced or text_due():
+                        draw = pacer.paced or tree_due()  # the tree, and the sampler view at the newest token
+                        sampler = self._run_sampler(session, run, session.live) if draw and not pacer.paced else None
+                        yield self._updates(run, ev, text_html, draw, charts_due(), sampler, shown, live=pacer.paced)
             finally:
                 with self._streaming_lock:
                     self.streaming -= 1
@@ -208,34 +242,45 @@ class Handlers(RoundViews, SamplerView, RaceView):
                                                                              plots.depth_acceptance_figure,
                                                                              plots.throughput_figure))}
         return {"tree": self._blank["tree"], "slider": 0, "range": round_slider(None, 0), "info": "", "style": "",
+                "nodes": node_table_html(None),
                 "charts": self._blank["charts"], "sampler": None}
 
     def _updates(self, run: Run, ev: RoundEvent, text_html: str, tree: bool, charts: bool, sampler,
-                 shown: dict, final: bool = False) -> tuple:
-        """One streamed update: what is due drawn anew, every other view re-sent as `shown` holds it."""
+                 shown: dict, final: bool = False, live: bool = False) -> tuple:
+        """One streamed update: what is due drawn anew, every other view re-sent as `shown` holds it.
+
+        `live` (a paced run): the views show the run up to `ev`, whose later rounds wait their turn, and the
+        tree is `ev`'s own round, not the newest that verified a tree."""
         stopped = run.stopped and ev.finished is None
-        stats = stats_markdown(summarize(run.events), stopped=stopped or run.done)
+        events = run.events[:ev.index + 1] if live else run.events
+        stats = stats_markdown(summarize(events), stopped=stopped or run.done)
         if tree:
             if final:  # after the run: the round most worth a look, not simply the last one
-                at = run.events[instructive_round(run.events)]
+                at = events[instructive_round(events)]
+            elif live:
+                at = ev
             else:  # live: the newest round that verified a tree (the last rounds can be plain)
-                at = next((e for e in reversed(run.events) if e.nodes), ev)
-            shown.update(tree=plots.plot_data(plots.tree_figure(at)), slider=at.index, range=round_slider(run, at.index),
-                         info=round_markdown(at), style=highlight_css(at.index))
+                at = next((e for e in reversed(events) if e.nodes), ev)
+            shown.update(tree=plots.plot_data(plots.tree_figure(at)), slider=at.index, range=round_slider(run, at.index, len(events)),
+                         info=round_markdown(at), style=highlight_css(at.index), nodes=node_table_html(at))
         if charts:
-            shown["charts"] = tuple(plots.plot_data(f(run.events)) for f in (
+            shown["charts"] = tuple(plots.plot_data(f(events)) for f in (
                 plots.accepted_length_figure, plots.depth_acceptance_figure, plots.throughput_figure))
         if sampler is not None:
             shown["sampler"] = plots.plot_data(sampler)
         slider = shown["slider"] if shown["range"] is None else shown["range"]  # a new range goes once
         shown["range"] = None
         views = (shown["tree"], slider, shown["info"], *shown["charts"],
-                 gr.skip() if shown["sampler"] is None else shown["sampler"], shown["style"])
-        return (text_html, stats, *views, self._json(run, ev, stopped))
+                 gr.skip() if shown["sampler"] is None else shown["sampler"], shown["style"], shown["nodes"])
+        return (text_html, stats, *views, self._json(run, ev, stopped, events if live else None))
 
     def stop(self, session: Session) -> None:
         """Stop the session's running generations and races; each ends before its next round."""
         session.request_stop()
+
+    def step(self, session: Session) -> None:
+        """The step button: the tab's run, at the "step" pace, shows its next round."""
+        session.step()
 
     def replace(self, session: Session) -> None:
         """A tab's Generate or Compare: the tab's unfinished run stops before the new one starts. Only the
@@ -251,5 +296,5 @@ class Handlers(RoundViews, SamplerView, RaceView):
         except gr.Error:
             sampler = gr.skip()
         return ("", "", empty, round_slider(None, 0), "", plots.accepted_length_figure([]),
-                plots.depth_acceptance_figure([]), plots.throughput_figure([]), sampler, "", None,
+                plots.depth_acceptance_figure([]), plots.throughput_figure([]), sampler, "", node_table_html(None), None,
                 COMPARE_HINT, "", "")

@@ -8,6 +8,8 @@ import gradio as gr
 
 from . import plots
 from .compare import COMPARE_HINT
+from .node_table import node_table_html
+from .pace import PACE_CHOICES
 from .texts import HOW_TO_READ, HOW_TO_READ_JS, TOKENS_JS
 from .tokens import legend_html
 from .session import (ACCEPTANCE_CHOICES, LOOKUP_MAX, LOOKUP_MODE_CHOICES, MAX_NEW_TOKENS_MAX, SEED_MAX,
@@ -25,7 +27,7 @@ def header() -> None:
 
 def token_panel() -> tuple[gr.HTML, gr.HTML]:
     """The streamed tokens (a click shows a token's details and round), and the style that outlines a round."""
-    tokens = gr.HTML("", label="tokens", elem_id="tokens", autoscroll=True, js_on_load=TOKENS_JS)
+    tokens = gr.HTML("", label="Output", show_label=True, container=True, elem_id="tokens", autoscroll=True, js_on_load=TOKENS_JS)
     gr.HTML('<div class="sd-detail">Click or tap a token for its details.</div>', elem_id="token-detail")
     round_style = gr.HTML("", elem_id="round-style")  # outlines the shown round's tokens
     gr.HTML(legend_html(), elem_id="legend")
@@ -46,10 +48,22 @@ def compare_box() -> SimpleNamespace:
     return SimpleNamespace(md=md, row=row, spec=spec, base=base)
 
 
+def pace_controls() -> SimpleNamespace:
+    """The pace a run's rounds are shown at, and the step button (one more round per click at "step")."""
+    with gr.Row(elem_id="pace-row"):
+        # No value in the page's config: an API call that sends no pace runs "fast"; the page sets its own on load.
+        pace = gr.Dropdown(list(PACE_CHOICES), value=None, label="pace (rounds shown per second)",
+                           info="slows what you see, not the model: the engine's timings stay its own",
+                           elem_id="pace", min_width=160, scale=3)
+        step = gr.Button("step ▸", elem_id="step-btn", size="sm", min_width=70, scale=1)
+    return SimpleNamespace(pace=pace, step=step)
+
+
 def round_controls() -> SimpleNamespace:
     """Buttons and slider that move through the last run's rounds, and the round's narration."""
     with gr.Row(elem_id="round-controls"):
         replay = gr.Button("▶ replay", elem_id="replay-btn", size="sm", min_width=70)
+        replay_here = gr.Button("▶ from here", elem_id="replay-here-btn", size="sm", min_width=70)
         prev = gr.Button("◀ round", elem_id="prev-round-btn", size="sm", min_width=70)
         nxt = gr.Button("round ▶", elem_id="next-round-btn", size="sm", min_width=70)
         reject = gr.Button("next rejection", elem_id="next-rejection-btn", size="sm", min_width=90)
@@ -57,7 +71,7 @@ def round_controls() -> SimpleNamespace:
     slider = gr.Slider(0, 1, 0, step=1, precision=0, label="round", info="every round of the last run, also after Stop",
                        elem_id="round-slider")
     info = gr.Markdown("", label="round info", elem_id="round-info")
-    return SimpleNamespace(replay=replay, prev=prev, next=nxt, reject=reject, longest=longest, slider=slider,
+    return SimpleNamespace(replay=replay, replay_here=replay_here, prev=prev, next=nxt, reject=reject, longest=longest, slider=slider,
                            info=info)
 
 
@@ -92,6 +106,11 @@ def settings_panel(d: Settings, tree_choices: list[tuple[str, str]]) -> SimpleNa
     return SimpleNamespace(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, max_new=max_new,
                            seed=seed, speculative=speculative, tree=tree, lookup=lookup, lookup_mode=lookup_mode,
                            acceptance=acceptance)
+
+
+def node_table() -> gr.HTML:
+    """The shown round's nodes with q, p and the verdict (no hover needed: a phone has none)."""
+    return gr.HTML(node_table_html(None), label="nodes of the round", elem_id="round-nodes")
 
 
 def charts_row() -> tuple[gr.Plot, gr.Plot, gr.Plot]:

@@ -423,7 +423,7 @@ def sampler_figure(rows: list[dict], token_text: Callable[[int], str], params: d
                  f"<br>the run drew {label(token_text(emitted), 14)}{pe}, outside this top {len(rows)}")
     sub = desc + (f"<br>{html.escape(note)}" if note else "") + drawn
     return _figure(data, dict(
-        title=_title(f"Next token #{position}: {len(kept)} of top {len(rows)} kept<br><sup>{sub}</sup>", 13),
+        title=_title(f"After {position} tokens: the filters keep {len(kept)} of the {len(rows)} likeliest next<br><sup>{sub}</sup>", 13),
         height=190 + 20 * len(rows), barmode="overlay", bargap=0.2, margin=dict(l=10, r=10, t=100, b=40),
         plot_bgcolor="#ffffff", uirevision="sampler", legend=dict(orientation="h", y=-0.12, yanchor="top"),
         yaxis=dict(tickmode="array", tickvals=list(range(len(rows))), ticktext=ticks, autorange="reversed",

@@ -30,8 +30,8 @@ def _list(texts: list[str], limit: int = 6) -> str:
 
 
 def _p(p: float) -> str:
-    """A probability in a sentence: three decimals, and tiny ones said as such."""
-    return f"{p:.3f}" if p >= 0.001 else "< 0.001"
+    """"p = 0.123" in a sentence, and a tiny one said as such: "p < 0.001"."""
+    return f"p = {p:.3f}" if p >= 0.001 else "p < 0.001"
 
 
 def node_rule(ev: RoundEvent, i: int) -> str:
@@ -91,7 +91,7 @@ def narrate(ev: RoundEvent | None) -> str:
         tok = own[-1]
         if tok.kind == "correction":
             if rejected:
-                worst = ", ".join(f"{_q(n.text)} (target p = {_p(n.target_prob)})" if n.target_prob is not None
+                worst = ", ".join(f"{_q(n.text)} (target {_p(n.target_prob)})" if n.target_prob is not None
                                   else _q(n.text) for n in rejected[:3])
                 more = f" and {len(rejected) - 3} more" if len(rejected) > 3 else ""
                 tail = f"; it rejected {worst}{more}, so it sampled a correction {_q(tok.text)}"

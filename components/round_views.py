@@ -10,12 +10,15 @@ import time
 import gradio as gr
 
 from . import plots
+from .node_table import node_table_html
 from .replay import highlight_css, longest_accept, next_rejection, round_markdown
 from .session import Run, Session
 
 
-def round_slider(run: Run | None, value: int) -> gr.Slider:
-    top = max(1, len(run.events) - 1) if run is not None else 1
+def round_slider(run: Run | None, value: int, count: int | None = None) -> gr.Slider:
+    """The round slider over the run's rounds (or its first `count`: those a paced run has shown)."""
+    count = (len(run.events) if run is not None else 0) if count is None else count
+    top = max(1, count - 1)
     return gr.Slider(minimum=0, maximum=top, value=value, step=1)
 
 
@@ -27,9 +30,10 @@ def round_index(value) -> int:
 
 
 def round_view(run: Run, i: int) -> tuple:
-    """Round i: its tree, narration, full event, the slider, and its tokens outlined."""
+    """Round i: its tree, narration, full event, the slider, its tokens outlined, and its nodes' table."""
     ev = run.events[i]
-    return plots.tree_figure(ev), round_markdown(ev), ev.to_dict(), round_slider(run, i), highlight_css(i)
+    return (plots.tree_figure(ev), round_markdown(ev), ev.to_dict(), round_slider(run, i), highlight_css(i),
+            node_table_html(ev))
 
 
 class RoundViews:
@@ -42,7 +46,7 @@ class RoundViews:
         run = session.run
         i = round_index(index)
         if run is None or not run.events:
-            return plots.tree_figure(None), "", None, round_slider(None, 0), ""
+            return plots.tree_figure(None), "", None, round_slider(None, 0), "", node_table_html(None)
         return round_view(run, max(0, min(i, len(run.events) - 1)))
 
     def step_round(self, index, session: Session, step: int) -> tuple:
@@ -64,17 +68,19 @@ class RoundViews:
         """A click on a token: show the round that wrote it."""
         return self.show_round(evt.index, session)
 
-    def replay(self, index, session: Session):
+    def replay(self, index, session: Session, from_here: bool = False):
         """▶: step through the run's rounds at a readable pace, tree, narration, tokens and chart in sync.
 
-        Starts at the shown round (from the beginning when it is the last one)."""
+        From round 0, or (`from_here`) from the shown round."""
         run = session.run
         if run is None or not run.events:
             yield (*self.show_round(0, session), gr.skip())
             return
         events = list(run.events)
-        start = max(0, min(round_index(index), len(events) - 1))
-        start = 0 if start >= len(events) - 1 else start
+        start = max(0, min(round_index(index), len(events) - 1)) if from_here else 0
         for i in range(start, len(events)):
             yield (*round_view(run, i), plots.accepted_length_figure(events, current=i))
             time.sleep(self.replay_interval)
+
+    def replay_from_here(self, index, session: Session):
+        yield from self.replay(index, session, from_here=True)

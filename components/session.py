@@ -41,8 +41,7 @@ LIVE_KEYS = SAMPLER_KEYS  # what moving a slider changes mid-run
 def _number(name: str, value, integer: bool = False, ui_range: tuple[float, float] | None = None):
     """A control's raw value as a number (a JSON 10.0 is the integer 10), within the slider's `ui_range`.
 
-    Only the app's own bound is checked against `ui_range` (above it, the sliders stop); the engine's
-    bounds are the request's to check, though the message states the whole slider range.
+    A typed value outside the slider's range is refused here, with the range in the message.
     """
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"`{name}` must be a number, got {value!r}")
@@ -52,7 +51,7 @@ def _number(name: str, value, integer: bool = False, ui_range: tuple[float, floa
         if float(value) != int(value):
             raise ValueError(f"`{name}` must be an integer, got {value!r}")
         value = int(value)
-    if ui_range is not None and value > ui_range[1]:
+    if ui_range is not None and not ui_range[0] <= value <= ui_range[1]:
         raise ValueError(f"`{name}` must be in [{ui_range[0]}, {ui_range[1]}], got {value!r}")
     return value if integer else float(value)
 
@@ -146,6 +145,7 @@ class Run:
     replaced: bool = False  # its tab started a newer run, which now owns the views
     done: bool = False
     chat: bool = False  # the prompt was wrapped as a chat turn (the tokenizer's chat template)
+    steps: int = 0  # clicks of the step button: at the "step" pace, each shows one more round
 
     def record(self, event: RoundEvent) -> None:
         """The engine's `on_round` callback: keep every event for the round slider and the charts."""
@@ -208,6 +208,11 @@ class Session:
     def should_stop(self, run: Run):
         """A callable for the engine: True once Stop was pressed (or the tab replaced this run)."""
         return lambda: run.stopped
+
+    def step(self) -> None:
+        """The step button: the tab's run shows one more round (at the "step" pace)."""
+        if self.run is not None and not self.run.done:
+            self.run.steps += 1
 
     def request_stop(self) -> None:
         """Stop every unfinished run of this session (Stop, Clear, a closed tab)."""

@@ -1,6 +1,6 @@
 """The app's fixed words and browser snippets: the how-to panel, the API descriptions, small JS hooks."""
 
-HOW_TO_READ = """<details id="how-to-read" open><summary><b>How to read this</b> (five lines)</summary>
+HOW_TO_READ = """<details id="how-to-read"><summary><b>How to read this</b> (five lines and the defaults)</summary>
 <ol class="sd-howto">
 <li><b>The idea.</b> A big model writes one token per forward pass. Speculative decoding lets cheap drafters guess
 several tokens ahead, then checks every guess in <i>one</i> forward of the big (target) model.</li>
@@ -13,16 +13,12 @@ is a point mass, so this keeps the output exactly the target's law); at the firs
 <b>correction</b>, after a fully accepted path it adds a <b>bonus</b> token.</li>
 <li><b>Colours.</b> Tree: green accepted, red rejected, grey not reached. Text: green tokens were drafted and accepted,
 orange corrections and blue bonus tokens came from the target. Click a token to see its round.</li>
-</ol></details>"""
-# Fold the panel on later visits, and from the start on a phone (output first), with the settings.
-HOW_TO_READ_JS = """const d = element.querySelector('details');
-let seen = false;
-try {  // storage can be blocked (a sandboxed iframe): then the panel simply starts open
-  seen = !!localStorage.getItem('specdec-how-to-read-seen');
-  localStorage.setItem('specdec-how-to-read-seen', '1');
-} catch (e) {}
-if (d && (seen || window.innerWidth < 700)) d.open = false;
-if (window.innerWidth < 700) {  // a phone: the settings start folded, below the output
+</ol>
+<p class="sd-howto-defaults"><b>The defaults teach.</b> The heads' trained tree with prompt lookup merged into it,
+temperature 0.7, shown at 2 rounds/s: most rounds draw a tree with branches, and the heads, not only prompt lookup,
+make most of the accepted drafts. The fastest settings ("auto" tree, pace "fast") are for speed; Compare measures it.</p></details>"""
+# On a phone the settings start folded, below the output (the how-to panel starts folded everywhere).
+HOW_TO_READ_JS = """if (window.innerWidth < 700) {  // a phone: the settings start folded, below the output
   let tries = 0;
   const fold = setInterval(() => {
     const open = document.querySelector('#settings > button.label-wrap.open');
@@ -38,6 +34,12 @@ TOKENS_JS = """element.addEventListener('click', (e) => {
   if (box) box.textContent = (t.classList.contains('sd-tok') ? '“' + t.textContent + '” · ' : '') + (t.title || '');
   trigger('select', {index: Number(t.dataset.round), value: t.title || ''});
 });"""
+# A new action: the token-detail line goes back to its hint (the last run's token is gone).
+CLEAR_DETAIL_JS = """(...args) => {
+  const box = document.querySelector('#token-detail .sd-detail');
+  if (box) box.textContent = 'Click or tap a token for its details.';
+  return args;
+}"""
 SCROLL_TO_RACE_JS = """(...args) => {
   setTimeout(() => document.getElementById('compare-box')?.scrollIntoView({block: 'start', behavior: 'smooth'}), 150);
   return args;
@@ -49,7 +51,8 @@ API = {
                 "max_new_tokens 1-512; seed (-1 = random); tree (a draft tree name); acceptance 'lossless', "
                 "'greedy' or 'typical' (lossy); speculative (false = plain decoding); lookup 0-64 prompt-lookup "
                 "tokens per round; lookup_mode 'first' or 'merge'; chat (wrap the prompt with the model's chat "
-                "template). The last output is a JSON record of the round.",
+                "template); pace (optional, last): 'fast' (the default), '8', '4', '2' or '1' rounds shown per second, or "
+                "'step'; it slows only what is sent, never the engine. The last output is a JSON record of the round.",
     "compare": "Race speculative against plain decoding on the same prompt, settings and seed. Same inputs as "
                "/generate, less `speculative`. Returns the race table with the measured ratio and its "
                "explanation, then both texts as HTML.",

@@ -95,7 +95,7 @@ def test_generate_in_a_real_browser(url, browser):
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(url, wait_until="domcontentloaded", timeout=60_000)
     page.wait_for_selector("#how-to-read-box details", timeout=60_000)
-    assert page.locator("#how-to-read-box details").get_attribute("open") is not None  # first visit: open
+    assert page.locator("#how-to-read-box details").get_attribute("open") is None  # folded: the main view is above the fold
     prompt = page.locator("#prompt textarea")
     prompt.wait_for(timeout=60_000)
 
@@ -105,11 +105,11 @@ def test_generate_in_a_real_browser(url, browser):
     page.wait_for_function(
         "() => [...document.querySelectorAll('#sampler-plot .gtitle')].some(t => t.textContent.includes('top-k 3'))",
         timeout=30_000)
-    assert page.locator("#sampler-plot .gtitle").first.text_content().count("3 of top 20 kept") == 1
+    assert page.locator("#sampler-plot .gtitle").first.text_content().count("keep 3 of the 20") == 1
 
     # The prompt lookup controls sit with the tree controls, at their defaults.
     assert page.locator("#lookup input[type=number]").input_value() == str(DEFAULT_LOOKUP)
-    assert page.locator("#lookup-mode input[value=first]").is_checked()
+    assert page.locator("#lookup-mode input[value=merge]").is_checked()
 
     prompt.fill("class Stack:")
     set_number(page, "max-new", 24)

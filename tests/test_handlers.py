@@ -19,10 +19,10 @@ def test_handler_generate_matches_the_library(handlers):
     assert final["text"] == ref.text and final["finished"] == "length"
     assert [u[-1]["round"] for u in updates[:-1]] == list(range(len(ref.rounds)))
     assert "Round" in figure(updates[-1][2]).layout.title.text  # the tree
-    assert figure(updates[-1][8]).layout.title.text.startswith("Next token")  # the sampler view
+    assert figure(updates[-1][8]).layout.title.text.startswith("After ")  # the sampler view
     assert session.run.done and len(session.run.events) == len(ref.rounds)
-    fig, info, event, _, style = handlers.show_round(1, session)
-    assert 'data-round="1"' in style
+    fig, info, event, _, style, nodes = handlers.show_round(1, session)
+    assert 'data-round="1"' in style and "<th>verdict</th>" in nodes and "Round 1" in nodes
     assert event["index"] == 1 and "Round 1" in info and "Round 1" in fig.layout.title.text
     assert handlers.show_round(999, session)[2]["index"] == len(ref.rounds) - 1
 
@@ -122,7 +122,7 @@ def test_chat_checkbox_follows_the_template_and_wraps_the_prompt(handlers):
     list(h.compare(prompt, *race_controls(tree="none", lookup=4, max_new_tokens=3, chat=True), session))
     assert session.active is None
     fig = h.sampler_view(prompt, 0.8, 5, 1.0, 0.0, "lossless", True, session)
-    assert f"Next token #{len(wrapped)}" in fig.layout.title.text
+    assert f"After {len(wrapped)} tokens:" in fig.layout.title.text
     with pytest.raises(gr.Error, match="chat template"):
         next(handlers.generate(prompt, *{**CONTROLS, "chat": True}.values(), Session()))
 
@@ -138,7 +138,7 @@ def test_final_update_shows_the_most_instructive_round_and_the_sampler_follows(h
     assert f'data-round="{best}"' in final[9]
     # the sampler view sits at the run's last token, starred
     ids = session.run.token_ids
-    assert f"Next token #{len(session.run.prompt_ids) + len(ids) - 1}" in figure(final[8]).layout.title.text
+    assert f"After {len(session.run.prompt_ids) + len(ids) - 1} tokens:" in figure(final[8]).layout.title.text
     assert any(t.startswith("★") for t in figure(final[8]).layout.yaxis.ticktext)
     # after Clear it is back after the prompt
     cleared = handlers.clear("def fibonacci(n):", 0.0, 0, 1.0, 0.0, "lossless", False, session)
@@ -210,3 +210,24 @@ def test_the_final_sampler_view_reads_the_runs_own_law(handlers, monkeypatch):
     session.live = session.live.__class__(**{**session.live.__dict__, "temperature": 0.7})
     h._run_sampler(session, session.run, session.live)
     assert len(calls) == 2
+
+
+def test_a_paced_run_shows_every_round_in_turn_and_stop_ends_it_at_the_shown_one(handlers):
+    session = Session()
+    gen = handlers.generate("def f(x):", *{**CONTROLS, "max_new_tokens": 24}.values(), session, pace="8")
+    seen = [next(gen)[-1]["round"] for _ in range(3)]
+    assert seen == [0, 1, 2]  # one update per round, each round in turn
+    session.request_stop()
+    rest = list(gen)
+    assert rest[-1][-1]["round"] == 2 and rest[-1][-1]["finished"] == "stopped"
+    assert len(session.run.events) == 3  # the run ends at the round shown, whatever the engine had made
+    with pytest.raises(gr.Error, match="pace"):
+        next(handlers.generate("def f(x):", *CONTROLS.values(), Session(), pace="slow"))
+
+
+def test_out_of_range_typed_values_and_an_empty_prompt_are_refused(handlers):
+    for change in ({"max_new_tokens": 0}, {"temperature": -1.0}, {"seed": -2}):
+        with pytest.raises(gr.Error, match=next(iter(change))):
+            next(handlers.generate("def f(x):", *{**CONTROLS, **change}.values(), Session()))
+    with pytest.raises(gr.Error, match="Type a prompt"):
+        next(handlers.generate("", *CONTROLS.values(), Session()))

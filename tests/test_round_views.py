@@ -30,4 +30,7 @@ def test_round_views_clamp_jump_and_replay(handlers):
     steps = list(replay.replay(n - 1, session))  # from the last round: starts again at round 0
     assert [s[2]["index"] for s in steps] == list(range(n))
     assert all(f'data-round="{i}"' in s[4] for i, s in enumerate(steps))  # the round's tokens are outlined
-    assert all(isinstance(s[5], go.Figure) for s in steps)
+    assert all("<table>" in s[5] or "drafted nothing" in s[5] for s in steps)  # the round's nodes
+    assert all(isinstance(s[6], go.Figure) for s in steps)
+    assert [s[2]["index"] for s in replay.replay(2, session)] == list(range(n))  # ▶ always from round 0
+    assert [s[2]["index"] for s in replay.replay_from_here(2, session)] == list(range(2, n))
