@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 
+import gradio as gr
+
 from specdec import Engine, GenerationRequest, RequestFailed, RoundEvent, SamplingParams, Scheduler
 from specdec.engine_process import RemoteModel
 
@@ -103,6 +105,8 @@ class RemoteGate(ModelGate):
             return stream.stream.timed_next()
         except (ValueError, RequestFailed) as e:
             raise user_error(e) from None
+        except RuntimeError as e:  # the engine's process died mid-call: a toast, and the app serves on
+            raise engine_error(e) from None
 
     def close(self, stream) -> None:
         if isinstance(stream, _Solo):
@@ -113,11 +117,19 @@ class RemoteGate(ModelGate):
     def sampler_rows(self, ids: list[int], params: SamplingParams, top: int) -> list[dict]:
         ctx = self.info["context"]
         ids = ids[-(ctx - 1):] if ctx else ids
-        return self.engine.sampler_rows(ids, params, top)
+        try:
+            return self.engine.sampler_rows(ids, params, top)
+        except RuntimeError as e:  # the engine's process died mid-call: a toast, and the app serves on
+            raise engine_error(e) from None
 
     def prefix_cache(self) -> dict | None:
         """The prefix cache as last heard from the engine's process (the metrics' gauges lag by a request)."""
         return self.engine.prefix_cache_state()
+
+
+def engine_error(e: RuntimeError) -> gr.Error:
+    """The engine's process ended (or the engine closed) under a call: say so, without a traceback."""
+    return gr.Error(str(e), title="The model's process restarted", print_exception=False)
 
 
 def open_gate(loaded) -> ModelGate:
