@@ -133,10 +133,15 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
         # never stop one another: each runs to its end, its client's Stop, or its client's disconnect.
         # `trigger_mode="multiple"`: the chained run starts while the replaced one is still winding down.
         new_run = dict(queue=False, api_visibility="private", show_progress="hidden")
+        # The page's Generate sends its pace; the API's /generate keeps its inputs (a raw call with them all is
+        # served) and streams at the engine's speed.
+        run_kw = dict(show_progress="minimal", show_progress_on=[stats], preprocess=False, **model_queue)
         gen = gen_btn.click(h.replace, [session], None, **new_run).then(
-            gpu(h.generate_paced), controls + [pacing.pace, session], gen_outputs, api_name="generate", api_description=API["generate"],
-            show_progress="minimal", show_progress_on=[stats], preprocess=False, trigger_mode="multiple",
-            **model_queue)
+            gpu(h.generate_paced), controls + [pacing.pace, session], gen_outputs, api_visibility="private",
+            trigger_mode="multiple", **run_kw)
+        api_gen = gr.Button(visible=False, elem_id="generate-api").click(
+            gpu(h.generate), controls + [session], gen_outputs, api_name="generate", api_description=API["generate"],
+            **run_kw)
         fresh = [race.md, race.spec, race.base, rounds.info, rounds.slider]
         for btn in (gen_btn, cmp_btn, clear_btn):
             btn.click(lambda: tuple(gr.skip() for _ in fresh), None, fresh, queue=False, api_visibility="private",
@@ -160,7 +165,7 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
                        cancels=replays)
         sliders = [prompt, c.temperature, c.top_k, c.top_p, c.min_p, c.acceptance, chat, session]
         clear_btn.click(h.clear, sliders, gen_outputs + [race.md, race.spec, race.base], api_name="clear",
-                        api_description=API["clear"], queue=False, cancels=[gen, cmp], preprocess=False)
+                        api_description=API["clear"], queue=False, cancels=[gen, api_gen, cmp], preprocess=False)
         clear_btn.click(lambda: gr.Row(visible=False), None, race.row, queue=False, api_visibility="private")
         # Live settings + sampler view: a forward between two rounds of a running generation, cached per session.
         live = [c.temperature.change, c.top_k.change, c.top_p.change, c.min_p.change, c.acceptance.change,
@@ -172,8 +177,9 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
         hidden = dict(api_visibility="private", show_progress="hidden", **view_queue)  # the UI's own view events
         demo.load(h.sampler_view, sliders, sampler_plot, **hidden)
         at = [rounds.slider, session]
-        rounds.slider.input(h.show_round, at, round_outputs, api_name="round", api_description=API["round"],
-                            trigger_mode="always_last", show_progress="hidden", **view_queue)
+        rounds.slider.input(h.show_round_api, at, round_outputs[:-1], api_name="round", api_description=API["round"],
+                            trigger_mode="always_last", show_progress="hidden", **view_queue).then(
+            h.round_nodes, at, nodes, **hidden)
         rounds.prev.click(lambda i, s: h.step_round(i, s, -1), at, round_outputs, **hidden)
         rounds.next.click(lambda i, s: h.step_round(i, s, 1), at, round_outputs, **hidden)
         rounds.reject.click(h.jump_rejection, at, round_outputs, **hidden)

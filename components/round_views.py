@@ -49,6 +49,14 @@ class RoundViews:
             return plots.tree_figure(None), "", None, round_slider(None, 0), "", node_table_html(None)
         return round_view(run, max(0, min(i, len(run.events) - 1)))
 
+    def show_round_api(self, index, session: Session) -> tuple:
+        """`show_round` less the nodes' table (the /round API's outputs: tree, narration, event, slider, style)."""
+        return self.show_round(index, session)[:-1]
+
+    def round_nodes(self, index, session: Session) -> str:
+        """The nodes' table of the round `show_round` shows."""
+        return self.show_round(index, session)[-1]
+
     def step_round(self, index, session: Session, step: int) -> tuple:
         return self.show_round(round_index(index) + step, session)
 

@@ -41,7 +41,8 @@ LIVE_KEYS = SAMPLER_KEYS  # what moving a slider changes mid-run
 def _number(name: str, value, integer: bool = False, ui_range: tuple[float, float] | None = None):
     """A control's raw value as a number (a JSON 10.0 is the integer 10), within the slider's `ui_range`.
 
-    A typed value outside the slider's range is refused here, with the range in the message.
+    Only the app's own bound is checked against `ui_range` (above it, the sliders stop); the engine's
+    bounds are the request's to check, though the message states the whole slider range.
     """
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"`{name}` must be a number, got {value!r}")
@@ -51,7 +52,7 @@ def _number(name: str, value, integer: bool = False, ui_range: tuple[float, floa
         if float(value) != int(value):
             raise ValueError(f"`{name}` must be an integer, got {value!r}")
         value = int(value)
-    if ui_range is not None and not ui_range[0] <= value <= ui_range[1]:
+    if ui_range is not None and value > ui_range[1]:
         raise ValueError(f"`{name}` must be in [{ui_range[0]}, {ui_range[1]}], got {value!r}")
     return value if integer else float(value)
 
@@ -94,6 +95,8 @@ class Settings:
             tree=tree, acceptance=acceptance, speculative=speculative,
             lookup=_number("lookup", lookup, integer=True), lookup_mode=lookup_mode,
         )
+        if out.max_new_tokens < 1:  # the engine would still make the first token: a typed 0 is refused
+            raise ValueError(f"`max_new_tokens` must be in [1, {MAX_NEW_TOKENS_MAX}], got {out.max_new_tokens}")
         if out.seed < -1:  # the app's own meaning: -1 draws a fresh seed per run
             raise ValueError(f"`seed` must be in [-1, {SEED_MAX}], got {out.seed}")
         if out.acceptance == "auto":  # the engine's default; the app names the rule it runs

@@ -51,8 +51,7 @@ API = {
                 "max_new_tokens 1-512; seed (-1 = random); tree (a draft tree name); acceptance 'lossless', "
                 "'greedy' or 'typical' (lossy); speculative (false = plain decoding); lookup 0-64 prompt-lookup "
                 "tokens per round; lookup_mode 'first' or 'merge'; chat (wrap the prompt with the model's chat "
-                "template); pace (optional, last): 'fast' (the default), '8', '4', '2' or '1' rounds shown per second, or "
-                "'step'; it slows only what is sent, never the engine. The last output is a JSON record of the round.",
+                "template). Rounds stream as fast as the engine makes them. The last output is a JSON record of the round.",
     "compare": "Race speculative against plain decoding on the same prompt, settings and seed. Same inputs as "
                "/generate, less `speculative`. Returns the race table with the measured ratio and its "
                "explanation, then both texts as HTML.",

@@ -243,7 +243,7 @@ def test_app_wiring_queue_spaces_and_arguments(server, monkeypatch):
     demo = build_demo(loaded, queue_size=3)
     assert demo._queue.max_size == 3
     model_events = {f.api_name for f in demo.fns.values() if f.concurrency_id == "model"}
-    assert model_events == {"generate", "compare"}
+    assert model_events == {"generate", "generate_paced", "compare"}  # generate_paced: the page's Generate (private)
     # as many runs at once as the scheduler decodes together (the rest wait in Gradio's queue)
     assert all(f.concurrency_limit == loaded.max_batch_size for f in demo.fns.values() if f.concurrency_id == "model")
     # Views never wait in the model queue; queued on their own so that errors come back as toasts.
