@@ -52,7 +52,7 @@ def test_chat_without_a_template_is_a_clear_error(embedded):
 def test_heads_argument_errors(embedded, tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         specdec.load(embedded.model, heads=str(tmp_path / "nope" / "heads"))
-    with pytest.raises(ValueError, match="neither a local folder nor a repository on the Hugging Face hub"):
+    with pytest.raises(ValueError, match="neither a local folder nor a repository on the Hugging Face hub|is not in the local Hugging Face cache"):
         specdec.load(embedded.model, heads="no-such-owner/no-such-heads")  # offline here: a clear error
 
 

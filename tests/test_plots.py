@@ -170,7 +170,7 @@ def test_sampler_figure_greys_out_filtered_tokens():
     # horizontal bars: labels read left to right, no rotated ticks, no tag on every filtered bar
     assert t["kept"].orientation == "h" and not t["filtered out"].text and fig.layout.xaxis.tickangle is None
     assert list(fig.layout.yaxis.ticktext) == ["␣a", "&lt;b", "c", "d"]
-    assert "2 of top 4 kept" in fig.layout.title.text
+    assert "the filters keep 2 of the 4 likeliest next" in fig.layout.title.text
 
 
 def test_sampler_figure_from_real_filter_stages():

@@ -102,9 +102,9 @@ def test_cli_errors_are_messages_not_tracebacks(tmp_path):
     cases = [
         (["--model", str(tmp_path / "missing-model"), "--prompt", "x"], "`model` path"),
         (["--heads", str(tmp_path / "missing-heads"), "--prompt", "x"], "`heads` path"),
-        (["--prompt", "def f():", "--tree", "bogus"], "unknown tree preset"),
+        (["--prompt", "def f():", "--tree", "bogus"], "`tree` must be one of"),
         (["--prompt", "def f():", "--top-p", "1.5"], "`top_p` must be in (0, 1]"),
-        (["--prompt", ""], "`prompt` is empty"),
+        (["--prompt", ""], "`--prompt` is empty"),
     ]
     for args, message in cases:
         r = subprocess.run([sys.executable, "-m", "specdec", "generate", *args], cwd=ROOT, capture_output=True,
