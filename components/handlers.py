@@ -117,7 +117,7 @@ class Handlers(RoundViews, SamplerView, RaceView):
     def encode(self, prompt, chat: bool = False) -> list[int]:
         """Prompt text -> ids (wrapped as a chat turn with `chat`), or ValueError for a bad prompt."""
         check_prompt(prompt)
-        if not prompt:
+        if not prompt or not prompt.strip():
             raise ValueError("Type a prompt first: the prompt box is empty.")
         ids = encode(self.loaded, prompt if isinstance(prompt, str) else None, None, chat=chat)
         if len(ids) > self.max_prompt_tokens:

@@ -229,5 +229,6 @@ def test_out_of_range_typed_values_and_an_empty_prompt_are_refused(handlers):
     for change in ({"max_new_tokens": 0}, {"temperature": -1.0}, {"seed": -2}):
         with pytest.raises(gr.Error, match=next(iter(change))):
             next(handlers.generate("def f(x):", *{**CONTROLS, **change}.values(), Session()))
-    with pytest.raises(gr.Error, match="Type a prompt"):
-        next(handlers.generate("", *CONTROLS.values(), Session()))
+    for empty in ("", "  \n "):
+        with pytest.raises(gr.Error, match="Type a prompt"):
+            next(handlers.generate(empty, *CONTROLS.values(), Session()))
