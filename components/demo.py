@@ -18,13 +18,12 @@ from typing import Callable, Iterable
 import gradio as gr
 
 import specdec
-from . import Handlers, Session, Settings, layout, plots, serving
-from .app_args import engine_process_on, parse_args, prefix_cache, prefix_cache_bytes
+from . import Handlers, Session, layout, plots, serving
+from .app_args import parse_args, prefix_cache_bytes
 from .pace import UI_PACE
 from .texts import API, CLEAR_DETAIL_JS, SCROLL_TO_RACE_JS
 from specdec.batch import FaultHook, chaos
 from specdec import engine_process
-from specdec.threads import serving_threads
 from specdec.metrics import Metrics
 
 STATIC = specdec.api.ASSETS / "static"  # assets/static in a checkout, specdec/assets/static in a wheel
@@ -191,17 +190,10 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    remote = engine_process_on(args)
     try:
-        if remote:  # the model and its scheduler in their own process: no GIL shared with Gradio's Python
-            loaded = engine_process.start(threads=args.threads, model=args.model, heads=args.heads, device=args.device,
-                                          dtype=args.dtype, prefix_cache=prefix_cache_bytes(args),
-                                          max_batch_size=args.max_batch_size)
-            line = loaded.threads
-        else:
-            loaded = specdec.load(args.model, heads=args.heads, device=args.device, dtype=args.dtype,
-                                  prefix_cache=prefix_cache(args), max_batch_size=args.max_batch_size)
-            line = serving_threads(loaded, args.threads)
+        loaded, remote, line = engine_process.serving_model(
+            args.engine_process, args.threads, prefix_cache_bytes(args), model=args.model, heads=args.heads,
+            device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size)
     except ValueError as e:  # a model or heads specdec refuses, with the reason: a message, not a traceback
         raise SystemExit(f"error: {e}") from None
     print(f"engine: {'its own process' if remote else 'in the server process'}" + (f"; {line}" if line else ""),

@@ -254,26 +254,17 @@ def serve(argv: list[str] | None = None) -> int:
     """`specdec serve [flags]`: load the model, then serve until interrupted; the exit code."""
     import uvicorn
 
-    from . import api, engine_process
+    from . import engine_process
     from .metrics import Metrics
     from .serve import build_server
-    from .prefix_cache import PrefixCache
-    from .threads import serving_threads
 
     args = serve_args(argv)
-    cache = None if args.no_prefix_cache else int(args.prefix_cache_mb * 2**20)
     try:
-        remote = engine_process.wanted(args.engine_process, args.device)
         ui = demo_module() if args.ui else None  # refused now, not after the model has loaded
-        if remote:  # the model and its scheduler in their own process: no GIL shared with the server's Python
-            loaded = engine_process.start(threads=args.threads, model=args.model, heads=args.heads, device=args.device,
-                                          dtype=args.dtype, prefix_cache=cache, max_batch_size=args.max_batch_size)
-            line = loaded.threads
-        else:
-            loaded = api.load(args.model, heads=args.heads, device=args.device, dtype=args.dtype,
-                              prefix_cache=None if cache is None else PrefixCache(max_bytes=cache),
-                              max_batch_size=args.max_batch_size)
-            line = serving_threads(loaded, args.threads)
+        loaded, remote, line = engine_process.serving_model(
+            args.engine_process, args.threads, None if args.no_prefix_cache else int(args.prefix_cache_mb * 2**20),
+            model=args.model, heads=args.heads, device=args.device, dtype=args.dtype,
+            max_batch_size=args.max_batch_size)
     except (ValueError, RuntimeError) as e:  # a model, heads or device specdec refuses: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -385,3 +385,22 @@ def wanted(mode: str, device: str | None) -> bool:
     if importlib.util.find_spec("spaces") is not None:
         return False
     return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")).type == "cpu"
+
+
+def serving_model(mode: str, threads: int | str, prefix_cache: int | None, **load_kwargs) -> tuple[object, bool, str]:
+    """A model for a server: in its own process where `wanted(mode, device)`, else loaded here with torch's
+    threads chosen for serving (`threads.serving_threads`). `prefix_cache`: a budget in bytes, or None.
+
+    Returns (the model, whether it runs in its own process, what was chosen for torch's threads, and why).
+    """
+    if wanted(mode, load_kwargs.get("device")):
+        remote = start(threads=threads, prefix_cache=prefix_cache, **load_kwargs)
+        return remote, True, remote.threads
+    import specdec  # the package's `load`, as a caller (or a test) sees it
+
+    from .prefix_cache import PrefixCache
+    from .threads import serving_threads
+
+    loaded = specdec.load(prefix_cache=None if prefix_cache is None else PrefixCache(max_bytes=prefix_cache),
+                          **load_kwargs)
+    return loaded, False, serving_threads(loaded, threads)
