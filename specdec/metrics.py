@@ -157,10 +157,11 @@ class RequestMetrics:
 
     def end(self, outcome: str | None = None) -> None:
         """Count the request once, as `outcome` (default: `self.outcome`, else "cancelled")."""
-        if self.ended or self.m is None:
-            self.ended = True
+        if self.ended:
             return
         self.ended = True
+        if self.m is None:
+            return
         outcome = outcome or self.outcome or "cancelled"
         if outcome == "ok":
             self.m.e2e.observe(time.monotonic() - self.t0)
