@@ -166,7 +166,8 @@ class Batch:
         if rest <= budget:
             return 0
         self._hook(m, "prefill")
-        self.engine.target.forward(torch.tensor(run.plan.ids[start : start + budget], dtype=torch.long), run.cache)
+        hidden = self.engine.target.forward(torch.tensor(run.plan.ids[start : start + budget], dtype=torch.long), run.cache)
+        self.engine.fed(run, hidden, start)
         return budget
 
     def first_rounds(self, ms: list[Member]) -> list[tuple[Member, "Outcome"]]:
@@ -232,7 +233,7 @@ class Batch:
             forward_ms = (time.perf_counter() - t0) * 1e3
             for i, n in zip(live, map(len, tokens)):
                 if i not in outcome:
-                    outcome[i] = self._commit_prompt(ms[i], hidden[i][n - 1 : n], n, clocks[i], forward_ms, len(live))
+                    outcome[i] = self._commit_prompt(ms[i], hidden[i], n, clocks[i], forward_ms, len(live))
         finally:
             for i, solo in solos.items():
                 self.engine.target.release(solo, failed=outcome.get(i, (None, True))[1] is not None)
@@ -241,10 +242,13 @@ class Batch:
     def _commit_prompt(self, m: Member, hidden: torch.Tensor, n: int, clock: Stopwatch, forward_ms: float,
                        size: int) -> "Outcome":
         """A staged request after the shared forward: its prompt's rest committed (and offered to the
-        prefix cache), then its first token and event (`_finish`). `hidden` [1, H]: the prompt's last row."""
+        prefix cache), then its first token and event (`_finish`). `hidden` [n, H]: the prompt rest's rows."""
         try:
             start = time.perf_counter()
-            kv_cache.keep_path(m.run.cache, kv_cache.length(m.run.cache), list(range(n)))  # the chain: the prompt
+            first = kv_cache.length(m.run.cache)
+            self.engine.fed(m.run, hidden, first)
+            hidden = hidden[n - 1 : n]  # the prompt's last row gives the first token
+            kv_cache.keep_path(m.run.cache, first, list(range(n)))  # the chain: the prompt
             if self.engine.prefix_cache is not None:
                 self.engine.prefix_cache.insert(m.run.plan.ids, m.run.cache)
         except Exception as e:  # noqa: BLE001 (isolated, as in `Engine._forward` on its own buffer)

@@ -25,6 +25,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from . import cost as cost_mod
+from . import eagle as eagle_mod
 from . import kv_cache
 from .detok import IncrementalDecoder
 from .draft_tree import PRESETS, Tree, build_tree, candidates, graft_chain, merge_chain, resolve_tree
@@ -52,14 +53,28 @@ class Engine:
 
     def __init__(self, target: TargetModel, heads: MedusaHeads | None, tokenizer=None,
                  trained_tree=None, prefix_cache=None, cost: cost_mod.CostModel | None = None,
-                 cost_cache: str | None = None) -> None:
+                 cost_cache: str | None = None, eagle: "eagle_mod.Eagle3 | None" = None,
+                 eagle_shape: "eagle_mod.Shape | None" = None, default_drafter: str | None = None) -> None:
         """Args:
             cost: the round-cost model the dynamic tree sizes itself by; None measures it on first
                 use (a couple of seconds), or reads it from `cost_cache`, a folder keyed by model,
                 device and dtype.
+            eagle: an EAGLE-3 drafter (the target then returns the hidden states it reads), drafting trees of
+                `eagle_shape` (its shipped one by default).
+            default_drafter: what `drafter="auto"` requests use, "medusa" or "eagle3" (default: EAGLE-3 when
+                loaded, else the heads).
         """
         self.target = target
         self.heads = heads
+        self.eagle = eagle
+        self.eagle_shape = eagle_shape or eagle_mod.Shape()
+        if eagle is not None:
+            target.use_taps(eagle.config.layers)
+        if default_drafter not in (None, "medusa", "eagle3") or (default_drafter == "medusa" and heads is None) \
+                or (default_drafter == "eagle3" and eagle is None):
+            raise ValueError(f"`default_drafter` must be None or a drafter this engine holds, got {default_drafter!r}")
+        self.default_drafter = default_drafter or ("eagle3" if eagle is not None else "medusa" if heads is not None
+                                                   else None)
         self.tokenizer = tokenizer
         self.trained_tree = tuple(tuple(p) for p in trained_tree) if trained_tree else None
         self.prefix_cache = prefix_cache
@@ -243,7 +258,8 @@ class Engine:
         # Drawn for greedy requests too: a live slider can turn one into a sampled request midway.
         return RunState(plan, cache, hit, seed, position_uniforms(seed, outputs),
                         IncrementalDecoder(self.tokenizer), ngram, limit=target.max_length or 1 << 62, policy=policy,
-                        costs=[] if self._cost_learns and self._cost is not None else None)
+                        costs=[] if self._cost_learns and self._cost is not None else None,
+                        eagle=eagle_mod.EagleRun() if plan.drafter == "eagle3" else None)
 
     # -- the four steps -----------------------------------------------------------
     def _draft(self, run: "RunState", params: SamplingParams) -> "Draft":
@@ -255,6 +271,8 @@ class Engine:
             return Draft(ROOT_ONLY, [run.pending], [None], drafted=False,
                          expected=1.0 if run.policy is not None else None)
         chain, match = run.ngram.match(min(req.lookup, room)) if run.ngram is not None else ([], 0)
+        if run.eagle is not None:
+            return self._draft_eagle(run, chain, match, room)
         if run.policy is not None:
             return self._draft_dynamic(run, params, chain, match, room)
         tree = plan.tree if plan.tree.max_depth <= room else plan.tree.truncated(room)
@@ -300,11 +318,34 @@ class Engine:
                      heads_ran=k / self.heads.config.num_heads if k else 0.0, match=match if chain else 0,
                      candidates=(scores, top[1]) if scores is not None and params.greedy else None)
 
+    def _draft_eagle(self, run: "RunState", chain: list[int], match: int, room: int) -> "Draft":
+        """Step 1 with the EAGLE-3 drafter: its EAGLE-2 tree, a lookup chain grafted in or ("first") alone."""
+        tree, tokens, q = ROOT_ONLY, [run.pending], [None]
+        if not (chain and run.plan.request.lookup_mode == "first"):
+            shape = self.eagle_shape
+            grown = eagle_mod.draft(self.eagle, run.eagle, run.pending, shape.budget, min(shape.depth, room), shape.top_k)
+            if grown is not None:
+                tree, tokens, q = grown.tree, grown.tokens, grown.q
+        if chain:
+            tree, tokens = self._graft(tree, tokens, chain)
+            q = q + [None] * (len(tokens) - len(q))
+        if tree.num_nodes == 1:
+            return Draft(ROOT_ONLY, [run.pending], [None], drafted=False)
+        return Draft(tree, tokens, q, drafted=True, match=match if chain else 0, source=eagle_mod.SOURCE)
+
+    def fed(self, run: "RunState", hidden: torch.Tensor, start: int) -> None:
+        """Prompt rows [n, ...] from position `start` were just computed: the EAGLE-3 drafter reads their
+        tapped states (a no-op for other drafters)."""
+        if run.eagle is not None:
+            ids = run.plan.ids
+            run.eagle.add(hidden[:, self.target.hidden_size :], ids[start + 1 : start + 1 + hidden.shape[0]], start)
+
     def _forward(self, run: "RunState", draft: "Draft | None") -> torch.Tensor:
         """Step 2: one target forward of the round's nodes (round 0: the uncached prompt). -> [N, H]"""
         if draft is None:  # what the prefix cache (or a chunked prefill) has not already put in the buffer
             start = kv_cache.length(run.cache)
             hidden = self.target.forward(torch.tensor(run.plan.ids[start:], dtype=torch.long), run.cache)
+            self.fed(run, hidden, start)
             # Never keep a NaN prompt: every request starting with it would fail. (The check's host sync is
             # the one round 0 makes anyway.) The last row attends to every slot, so it shows any NaN.
             if self.prefix_cache is not None and bool(torch.isfinite(hidden[-1]).all()):
@@ -359,7 +400,14 @@ class Engine:
             run.committed += len(verdict.accepted)
             proposed = tuple(EmittedToken(draft.tokens[n], "", "accepted", draft.q[n], verdict.target_prob.get(n))
                              for n in verdict.accepted[1:])
-        run.h_last = hidden[verdict.accepted[-1]]
+        run.h_last = hidden[verdict.accepted[-1], : self.target.hidden_size]
+        if run.eagle is not None:  # the drafter reads the accepted positions, each with the token after it
+            if draft is None:
+                run.eagle.follow.append(verdict.next_token)
+            else:
+                path = list(verdict.accepted)
+                run.eagle.add(hidden[path, self.target.hidden_size :],
+                              [draft.tokens[n] for n in path[1:]] + [verdict.next_token])
         kind = verdict.next_kind if speculative else "baseline"
         proposed += (EmittedToken(verdict.next_token, "", kind, None, verdict.next_prob),)
         tokens, run.finished = cut(proposed, run.produced, run.plan, run.committed, run.limit)
@@ -408,7 +456,7 @@ class Engine:
     def _event(self, run: "RunState", index: int, draft: "Draft | None", verdict: Verdict,
                emitted: tuple[EmittedToken, ...], params: SamplingParams, clock: Stopwatch) -> RoundEvent:
         drafted = draft is not None and draft.drafted
-        nodes = tree_nodes(draft.tree, draft.tokens, draft.q, verdict, self.token_text) if drafted else ()
+        nodes = tree_nodes(draft.tree, draft.tokens, draft.q, verdict, self.token_text, draft.source) if drafted else ()
         path = verdict.accepted if draft is not None else ()
         clock.lap("event")  # building the node list counts as event time
         extra = {"seed": run.seed} if index == 0 else {}
@@ -441,6 +489,7 @@ class Engine:
         """
         K = self.heads.config.num_heads
         k = K if k is None else min(k, K)
+        hidden = hidden[..., : self.target.hidden_size]  # without the states an EAGLE-3 drafter reads
         if self.target.graphs is not None:
             logits = self.target.graphs.heads(self.heads, hidden, k, root)
             if logits is not None:

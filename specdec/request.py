@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 LOOKUP_MODES = ("first", "merge")
+DRAFTERS = ("auto", "medusa", "eagle3")  # the model drafter a request uses; prompt lookup adds to either
 TREE_NAMES = ("auto", "trained", "none", *PRESETS)  # "trained": the tree shipped with the heads
 MAX_LOOKUP_NGRAM = 8
 ROOT_ONLY = build_tree(())  # a round drafted by prompt lookup alone, or a plain round
@@ -50,6 +51,8 @@ class GenerationRequest:
     lookup: prompt-lookup tokens drafted per round (0 = off).
     lookup_ngram: the longest suffix n-gram matched against the context.
     lookup_mode: "first" (a round with a match drafts the chain alone) or "merge" (into the heads' tree).
+    drafter: which model drafts: "auto" (the engine's default), "medusa" (the heads) or "eagle3"; an
+        EAGLE-3 drafter grows its own tree each round (EAGLE-2), so with it `tree` is "auto" or "trained".
     last_law: with the finished event (`extra["last_law"]`), the law the last token was drawn from, as
         `sampler.filter_stages` rows for its `last_law` likeliest tokens, read from that round's own
         forward (0 = none). The app's sampler view shows it instead of running a forward of its own.
@@ -66,6 +69,7 @@ class GenerationRequest:
     lookup_ngram: int = 3
     lookup_mode: str = "first"
     last_law: int = 0
+    drafter: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", _prompt_ids(self.prompt_ids))
@@ -86,6 +90,8 @@ class GenerationRequest:
             raise ValueError(f"`lookup_ngram` must be an integer in [1, {MAX_LOOKUP_NGRAM}], got {self.lookup_ngram!r}")
         if self.lookup_mode not in LOOKUP_MODES:
             raise ValueError(f"`lookup_mode` must be one of {LOOKUP_MODES}, got {self.lookup_mode!r}")
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"`drafter` must be one of {DRAFTERS}, got {self.drafter!r}")
         if not _is_int(self.last_law) or self.last_law < 0:
             raise ValueError(f"`last_law` must be an integer >= 0 (rows of the last token's law; 0 = none), "
                              f"got {self.last_law!r}")
@@ -113,14 +119,26 @@ class GenerationRequest:
                 f"{len(ids) + self.max_new_tokens} positions, but this model has sliding-window (or chunked) "
                 f"attention layers with a window of {window} tokens that specdec decodes exactly only within the "
                 f"window: use max_new_tokens <= {max(window - len(ids), 0)} (or a shorter prompt)")
-        if self.speculative and engine.heads is None and not self.lookup:
-            raise ValueError("speculative decoding needs draft heads (load with heads=<path> or heads='random') "
-                             "or prompt lookup (lookup >= 1)")
+        drafter = engine.default_drafter if self.drafter == "auto" else self.drafter
+        if isinstance(self.tree, str) and self.tree == "none":
+            drafter = None  # prompt lookup alone
+        if self.drafter == "medusa" and engine.heads is None:
+            raise ValueError("`drafter` 'medusa' needs Medusa heads, and this model was loaded without them")
+        if self.drafter == "eagle3" and engine.eagle is None:
+            raise ValueError("`drafter` 'eagle3' needs an EAGLE-3 drafter, and this model was loaded without one")
         if self.speculative and isinstance(self.tree, str) and self.tree == "none" and not self.lookup:
             raise ValueError("`tree` 'none' drafts the root alone, so it needs prompt lookup (lookup >= 1); "
                              "with lookup 0 use speculative=False for plain decoding")
+        if self.speculative and drafter is None and not self.lookup:
+            raise ValueError("speculative decoding needs draft heads (load with heads=<path> or heads='random') "
+                             "or prompt lookup (lookup >= 1)")
+        if self.speculative and drafter == "eagle3" and not (isinstance(self.tree, str) and self.tree in ("auto", "trained")):
+            raise ValueError(f"`tree` must be 'auto', 'trained' or 'none' with the EAGLE-3 drafter, which grows its "
+                             f"own tree each round; got {self.tree!r}")
         tree, dynamic = None, False
-        if self.speculative:
+        if self.speculative and drafter == "eagle3":
+            tree = ROOT_ONLY  # each round's tree is the drafter's own
+        elif self.speculative:
             dynamic = isinstance(self.tree, str) and self.tree == "auto"
             tree = engine.resolve_tree(self.tree) if engine.heads is not None and not dynamic else ROOT_ONLY
         get_params = self.params if callable(self.params) else (lambda p=self.params: p)
@@ -137,7 +155,8 @@ class GenerationRequest:
         if eos == "auto":
             eos = engine.eos_token_ids
         eos = frozenset([] if eos is None else [eos] if _is_int(eos) else eos)
-        return Plan(self, ids, tree, first, get_params, eos, dynamic)
+        return Plan(self, ids, tree, first, get_params, eos, dynamic,
+                    drafter if self.speculative else None)
 
 
 @dataclass(frozen=True)
@@ -151,6 +170,7 @@ class Plan:
     get_params: Callable[[], SamplingParams]  # every later round's
     eos: frozenset[int]
     dynamic: bool = False  # each round's tree comes from the dynamic policy ("auto")
+    drafter: str | None = None  # "medusa", "eagle3", or None (prompt lookup alone, or plain decoding)
 
     def rule(self, params: SamplingParams) -> str:
         """The acceptance rule of a round with these params ("plain" when not speculative)."""

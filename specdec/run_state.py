@@ -13,6 +13,7 @@ import torch
 
 from .detok import IncrementalDecoder
 from .draft_tree import Tree
+from .eagle import EagleRun
 from .events import EmittedToken, TreeNode
 from .lookup import NgramIndex
 from .request import Plan
@@ -37,6 +38,7 @@ class Draft:
     # Greedy dynamic rounds that ran the heads: every candidate's (scores [D][k], token ids [D][k]), drafted
     # or not, so the policy learns how each would have fared (`Engine._learn`).
     candidates: tuple | None = None
+    source: str = "heads"  # what drafted the non-lookup nodes: "heads" (Medusa) or "eagle3"
 
 
 @dataclass
@@ -62,6 +64,7 @@ class RunState:
     # What each solo round cost (`cost.round_cost`), for the engine's cost model to learn from at the end
     # (None: it does not learn; a batched round's timings are the batch's, not the request's).
     costs: list | None = None
+    eagle: "EagleRun | None" = None  # the EAGLE-3 drafter's state, when it drafts this request
 
 
 def cut(tokens: tuple[EmittedToken, ...], produced: int, plan: Plan, committed: int, limit: int
@@ -97,7 +100,7 @@ def with_text(tokens: tuple[EmittedToken, ...], detok: IncrementalDecoder, finis
 
 
 def tree_nodes(tree: Tree, toks: list[int], q: list[float | None], verdict: Verdict,
-               token_text: Callable[[int], str]) -> tuple[TreeNode, ...]:
+               token_text: Callable[[int], str], source: str = "heads") -> tuple[TreeNode, ...]:
     """The round's tree as plain event nodes: token, text, shape, q, p and what verification made of it."""
     on_path = set(verdict.accepted)
     rejected = set(verdict.rejected)
@@ -112,7 +115,7 @@ def tree_nodes(tree: Tree, toks: list[int], q: list[float | None], verdict: Verd
             status = "rejected"
         else:
             status = "not_reached"
-        source = "root" if i == 0 else "lookup" if i in looked_up else "heads"
-        out.append(TreeNode(toks[i], token_text(toks[i]), tree.parent[i], tree.depth[i], tree.rank[i],
-                            q[i], verdict.target_prob.get(i), status, source))
+        out.append(TreeNode(toks[i], token_text(toks[i]), tree.parent[i], tree.depth[i], tree.rank[i], q[i],
+                            verdict.target_prob.get(i), status, "root" if i == 0 else "lookup" if i in looked_up
+                            else source))
     return tuple(out)

@@ -61,6 +61,9 @@ class TargetModel:
         self.exact_limit = self.window if self.window_mode == "bounded" else None
         # specdec's position-addressed buffer where the model's attention honours it; HF's growing cache else.
         self.graphs = None  # specdec.graphs.Graphs once `use_graphs` is called: captured forwards
+        # HF `hidden_states` indices an EAGLE-3 drafter reads (`use_taps`): every forward then returns
+        # [..., H + len(taps) * H], the last hidden state followed by those states.
+        self.taps: tuple[int, ...] | None = None
         self.slots = self._slots_work()
         ok, raised, why = self._trees_work()
         if not ok:
@@ -75,6 +78,26 @@ class TargetModel:
                 raise ValueError(why)
             log.warning("%s (in %s; this probe is strict in float32 only)", why, self.dtype)
         self.packed_rows = None  # specdec.packed.PackedProjection once `use_packed_rows` is called
+
+    def use_taps(self, layers) -> None:
+        """From now on every forward also returns the hidden states entering these layers (HF
+        `output_hidden_states` indices, 0 = the embeddings), after the last hidden state on the last axis."""
+        n = getattr(self.model.config, "num_hidden_layers", None)
+        layers = tuple(int(i) for i in layers)
+        if n is not None and not all(0 <= i <= n for i in layers):
+            raise ValueError(f"the drafter reads the target's hidden states {layers}, but "
+                             f"{type(self.model).__name__} has {n} layers (indices 0..{n})")
+        if self.graphs is not None:
+            raise ValueError("an EAGLE-3 drafter reads hidden states that captured graphs do not return: "
+                             "load it without cuda_graphs")
+        self.taps = layers
+
+    def _hidden(self, out) -> torch.Tensor:
+        """The base model's output rows: the last hidden state, then the tapped states (`use_taps`)."""
+        if self.taps is None:
+            return out.last_hidden_state
+        states = out.hidden_states
+        return torch.cat([out.last_hidden_state] + [states[i] for i in self.taps], -1)
 
     def use_packed_rows(self, on: bool = True) -> bool:
         """Compute two or more vocabulary rows through oneDNN with a prepacked lm_head (CPU, fp32; see
@@ -92,6 +115,9 @@ class TargetModel:
         """
         from .graphs import Graphs
 
+        if self.taps is not None:
+            log.warning("an EAGLE-3 drafter reads hidden states that captured graphs do not return: no CUDA graphs")
+            return False
         if not self.slots:
             log.warning("%s uses HF's DynamicCache, whose shapes change every round: no CUDA graphs",
                         type(self.model).__name__)
@@ -256,9 +282,9 @@ class TargetModel:
         hides = kv_cache.hides_slots(cache)
         pos, kwargs = self._inputs(T, past, kv_cache.mask_width(cache, T), tree_mask, depth, hides)
         out = self.base(input_ids=input_ids.to(self.device)[None], position_ids=pos[None],
-                        **{self.cache_arg: cache}, use_cache=True, **kwargs)
+                        **{self.cache_arg: cache}, use_cache=True, output_hidden_states=self.taps is not None, **kwargs)
         kv_cache.advance(cache, T)
-        return out.last_hidden_state[0]
+        return self._hidden(out)[0]
 
     @torch.inference_mode()
     def forward_rows(self, cache: kv_cache.BatchCache, lo: int, tokens: list[list[int]],
@@ -309,8 +335,8 @@ class TargetModel:
         else:
             mask = mask.to(self.device)
         out = self.base(input_ids=ids.to(self.device), position_ids=pos.to(self.device), **{self.cache_arg: cache},
-                        use_cache=True, attention_mask=mask)
-        return out.last_hidden_state  # [b, T, H]
+                        use_cache=True, attention_mask=mask, output_hidden_states=self.taps is not None)
+        return self._hidden(out)  # [b, T, H]
 
     def _forward_row(self, cache: kv_cache.BatchCache, row: int, tokens: list[int],
                      tree: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
@@ -325,8 +351,8 @@ class TargetModel:
         width = cache.begin(row, 1, T)
         pos, kwargs = self._inputs(T, cache.starts[0], width, *(tree or (None, None)), hides_slots=False)
         out = self.base(input_ids=torch.tensor([tokens], device=self.device), position_ids=pos[None],
-                        **{self.cache_arg: cache}, use_cache=True, **kwargs)
-        return out.last_hidden_state  # [1, T, H]
+                        **{self.cache_arg: cache}, use_cache=True, output_hidden_states=self.taps is not None, **kwargs)
+        return self._hidden(out)  # [1, T, H]
 
     def _inputs(self, T: int, past: int, width: int, tree_mask: torch.Tensor | None, depth: torch.Tensor | None,
                 hides_slots: bool) -> tuple[torch.Tensor, dict]:
@@ -374,6 +400,8 @@ class TargetModel:
         rounds reading the lm_head too kept two 3 MB copies of one weight taking turns in the cache
         (embedded model, T = 1.0: its plain rounds' rows took 0.27 ms, against 0.14 ms packed).
         """
+        if self.taps is not None:
+            hidden = hidden[..., : self.hidden_size]
         rows = hidden.reshape(-1, hidden.shape[-1]) if hidden.dim() <= 2 else None  # [M, H]; batches: the head
         if self.packed_rows is not None and rows is not None and (pack_one or rows.shape[0] > 1):
             x = self.packed_rows(rows).reshape(*hidden.shape[:-1], -1)
