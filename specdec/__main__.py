@@ -4,7 +4,7 @@
     specdec serve [--model M] [--port 8000] [--ui]        an OpenAI-compatible server
     specdec app [--model M] [--port 7860]                   the Gradio demo (pip install 'specdec[app]')
     specdec train {tokenizer,data,lm,heads,tree} ...
-    specdec export-heads --heads DIR --format {vllm,medusa,specdec} --out DIR [--model M]
+    specdec export-heads --heads DIR --format {vllm,medusa,specdec,eagle3,speculators} --out DIR [--model M]
 """
 from __future__ import annotations
 
@@ -48,9 +48,10 @@ def main(argv=None) -> int:
     sub.add_parser("app", help="the Gradio demo (`specdec app --help`; needs specdec[app])", add_help=False)
     sub.add_parser("train", help="train a tokenizer, LM, heads or tree (`specdec train --help`)", add_help=False)
     x = sub.add_parser("export-heads", formatter_class=DEFAULTS,
-                       help="write heads in vLLM's or FasterDecoding's Medusa layout (or specdec's)")
+                       help="write Medusa heads in vLLM's or FasterDecoding's layout (or specdec's), or an "
+                            "EAGLE-3 drafter in SafeAILab's (vLLM's, SGLang's) or speculators' layout")
     x.add_argument("--heads", required=True, help="heads folder (any layout specdec reads) or hub repo id")
-    x.add_argument("--format", required=True, choices=["vllm", "medusa", "specdec"])
+    x.add_argument("--format", required=True, choices=["vllm", "medusa", "specdec", "eagle3", "speculators"])
     x.add_argument("--out", required=True, help="output folder")
     x.add_argument("--model", default=None,
                    help="the target model (hub id or path); needed when the heads share its lm_head")
@@ -167,8 +168,12 @@ def export_heads(a: argparse.Namespace) -> int:
     from .api import heads_folder, resolve_dtype
     from .heads_io import read_heads, stored_dtype, write_heads
 
+    from . import eagle_io
+
     try:
         folder = heads_folder(a.heads)
+        if eagle_io.detect(folder) or a.format in eagle_io.FORMATS:
+            return _export_eagle(a, folder)
         dtype = resolve_dtype(a.dtype, __import__("torch").device("cpu")) if a.dtype else stored_dtype(folder)
         target = None
         if a.model is not None:  # only its lm_head is needed: no tokenizer, no engine
@@ -183,6 +188,30 @@ def export_heads(a: argparse.Namespace) -> int:
     c = heads.config
     print(f"wrote {c.num_heads} heads x {c.num_layers} blocks (hidden {c.hidden_size}, vocab {c.vocab_size}) "
           f"in the {a.format} layout to {out}", file=sys.stderr)
+    return 0
+
+
+def _export_eagle(a: argparse.Namespace, folder: str) -> int:
+    """An EAGLE-3 drafter in another of its layouts."""
+    from . import eagle_io, hub
+    from .api import resolve_dtype
+
+    if not eagle_io.detect(folder):
+        raise ValueError(f"--format {a.format} writes an EAGLE-3 drafter, and {a.heads!r} holds Medusa heads")
+    if a.format not in eagle_io.FORMATS:
+        raise ValueError(f"{a.heads!r} holds an EAGLE-3 drafter: --format must be one of {eagle_io.FORMATS}")
+    target = None
+    if a.model is not None:
+        from transformers import AutoModelForCausalLM
+
+        target = hub.pretrained(AutoModelForCausalLM, a.model, "model", dtype="float32")
+    drafter, shape, _ = eagle_io.read_eagle(folder, target)
+    dtype = resolve_dtype(a.dtype, __import__("torch").device("cpu")) if a.dtype else None
+    out = eagle_io.save_eagle(drafter, a.out, shape, dtype=dtype, layout=a.format)
+    c = drafter.config
+    print(f"wrote an EAGLE-3 drafter (hidden {c.hidden_size}, draft vocabulary {c.draft_vocab_size} of "
+          f"{c.vocab_size}, layers {list(c.layers) if c.layers else 'the engine default'}) in the {a.format} layout "
+          f"to {out}", file=sys.stderr)
     return 0
 
 

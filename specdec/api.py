@@ -10,7 +10,10 @@ from typing import Callable
 
 import torch
 
-from . import cost, hub
+import logging
+
+from . import cost, eagle_io, hub
+from .eagle import Eagle3
 from .engine import Engine
 from .events import RoundEvent
 from .heads import MedusaHeads, random_heads
@@ -23,6 +26,8 @@ from .stats import summarize
 from .target import TargetModel
 from .threads import off_the_callers_thread
 
+log = logging.getLogger(__name__)
+
 
 def _assets_dir() -> Path:
     """The embedded model's folder: specdec/assets in an installed wheel, else assets/ of the checkout."""
@@ -34,6 +39,8 @@ def _assets_dir() -> Path:
 ASSETS = _assets_dir()
 DEFAULT_MODEL = ASSETS / "model"
 DEFAULT_HEADS = ASSETS / "heads"
+DEFAULT_EAGLE = ASSETS / "eagle3"
+SHIPPED = {"medusa": DEFAULT_HEADS, "eagle3": DEFAULT_EAGLE}  # the embedded model's drafters, by name
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -56,6 +63,11 @@ class Loaded:
     @property
     def device(self) -> torch.device:
         return self.engine.target.device
+
+    @property
+    def eagle(self):
+        """The EAGLE-3 drafter (None: not loaded)."""
+        return self.engine.eagle
 
     @property
     def scheduler(self) -> Scheduler:
@@ -130,15 +142,16 @@ def available_devices() -> list[str]:
 def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix_cache=None,
          cost_cache: str | None | bool = None, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
          cuda_graphs: bool | None = None, heads_dtype=None, packed_rows: bool | None = None) -> Loaded:
-    """Load a target model and its Medusa heads.
+    """Load a target model and its drafter: Medusa heads, an EAGLE-3 drafter, or (embedded model) both.
 
     Args:
         model: hub id, local path, a loaded PreTrainedModel, or None for the
             embedded default (assets/model, fully offline).
-        heads: a folder or hub repo id holding heads in specdec's, FasterDecoding's
-            Medusa or vLLM's Medusa layout (detected from the files), a MedusaHeads,
-            "random" (seeded random heads), or None (the embedded heads for the
-            default model, else none).
+        heads: a folder or hub repo id holding Medusa heads in specdec's, FasterDecoding's
+            or vLLM's layout, or an EAGLE-3 drafter in SafeAILab's (vLLM's and SGLang's) or
+            `speculators`' layout (detected from the files); a MedusaHeads or an Eagle3;
+            "random" (seeded random heads); for the embedded model "medusa" or "eagle3" (its
+            shipped drafters, one each); or None (the embedded model's two, else none).
         device: "cpu", "cuda", ... (default: cuda when present).
         dtype: torch dtype or name (default: float32 on CPU, bfloat16 on CUDA).
         tokenizer: a tokenizer, to override or supply one for a model object.
@@ -195,7 +208,12 @@ def _load(model, heads, dev: torch.device, dtype, tokenizer, prefix_cache, cost_
                              "pass model=<hub id or path> or rebuild it (see assets/README.md)")
         model, name = str(DEFAULT_MODEL), "embedded"
         if heads is None:
-            heads = str(DEFAULT_HEADS)
+            heads = [str(p) for p in (DEFAULT_HEADS, DEFAULT_EAGLE) if p.is_dir()]
+        elif isinstance(heads, str) and heads in SHIPPED and not os.path.isdir(heads):
+            heads = str(SHIPPED[heads])
+    elif isinstance(heads, str) and heads in SHIPPED and not os.path.isdir(heads):
+        raise ValueError(f"`heads` {heads!r} names a drafter shipped with the embedded model; for another model "
+                         "give a folder or hub id")
     if isinstance(model, PreTrainedModel):
         name = getattr(model.config, "_name_or_path", "") or type(model).__name__
         hf_model = model.to(dev) if dtype is None else model.to(dev, resolve_dtype(dtype, dev))
@@ -211,7 +229,20 @@ def _load(model, heads, dev: torch.device, dtype, tokenizer, prefix_cache, cost_
     target = TargetModel(hf_model)
     if cuda_graphs is not False and target.device.type == "cuda":
         target.use_graphs("cuda")
-    tree_paths = None
+    tree_paths, eagle, eagle_shape = None, None, None
+    for folder in (heads if isinstance(heads, list) else []):  # the embedded model's drafters
+        if eagle_io.detect(folder):
+            eagle, eagle_shape, _ = eagle_io.read_eagle(folder, hf_model)
+        else:
+            heads = folder
+    if isinstance(heads, list):
+        heads = None
+    if isinstance(heads, Eagle3):
+        eagle, heads = heads.to(device=target.device, dtype=target.dtype).eval(), None
+    elif isinstance(heads, str) and heads != "random":
+        folder = heads_folder(heads)
+        if eagle_io.detect(folder):
+            (eagle, eagle_shape, _), heads = eagle_io.read_eagle(folder, hf_model), None
     if heads is None:
         head_mod = None
     elif isinstance(heads, MedusaHeads):
@@ -233,7 +264,11 @@ def _load(model, heads, dev: torch.device, dtype, tokenizer, prefix_cache, cost_
             head_mod.store_projections(cost.fastest_projection_dtype(target, head_mod, rows=max_batch_size))
     if cost_cache is True:
         cost_cache = os.environ.get("SPECDEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "specdec")
-    engine = Engine(target, head_mod, tokenizer, tree_paths, prefix_cache, cost_cache=cost_cache or None)
+    if eagle is not None and target.graphs is not None:
+        log.warning("an EAGLE-3 drafter reads hidden states that captured graphs do not return: no CUDA graphs")
+        target.graphs = None
+    engine = Engine(target, head_mod, tokenizer, tree_paths, prefix_cache, cost_cache=cost_cache or None,
+                    eagle=eagle, eagle_shape=eagle_shape)
     return Loaded(hf_model, tokenizer, head_mod, tree_paths, engine, name, max_batch_size)
 
 

@@ -43,7 +43,7 @@ class EagleConfig:
     intermediate_size: int
     vocab_size: int  # the target's
     draft_vocab_size: int
-    layers: tuple[int, int, int]  # the target's hidden states fused: HF `output_hidden_states` indices
+    layers: tuple[int, int, int] | None  # the target's states fused: HF `output_hidden_states` indices (None: unknown)
     target_hidden_size: int | None = None  # the fused states' width when it differs from hidden_size
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
@@ -51,6 +51,7 @@ class EagleConfig:
     max_position_embeddings: int = 2048
     hidden_act: str = "silu"
     base_model: str | None = None  # informational: what it was trained on
+    target_layers: int | None = None  # the target's depth, where known (its default taps follow from it)
 
     @property
     def feature_size(self) -> int:

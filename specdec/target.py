@@ -251,7 +251,7 @@ class TargetModel:
                 batch.adopt(row, solo)
             tree = (torch.tensor([[True, False, False], [True, True, False], [True, False, True]]),
                     torch.tensor([0, 1, 1]))
-            got = self.forward_rows(batch, 0, [ids[4:5], ids[2:5]], [None, tree])
+            got = self.forward_rows(batch, 0, [ids[4:5], ids[2:5]], [None, tree])[..., : self.hidden_size]
             want = [self.base(input_ids=torch.tensor([ids[:5]], device=self.device), use_cache=False),
                     self.base(input_ids=torch.tensor([ids[:4], ids[:3] + ids[4:5]], device=self.device),
                               use_cache=False)]

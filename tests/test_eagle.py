@@ -80,17 +80,23 @@ def rms(x, w, eps):
 
 def reference_logits(d: Eagle3, tokens: list[int], feats: torch.Tensor) -> torch.Tensor:
     """The draft layer over a causal sequence, written from the definitions (positions 0..n-1). -> [n, Vd]"""
-    c, L = d.config, d.midlayer
-    sd = {k: v.double() for k, v in d.state_dict().items() if v.is_floating_point()}
-    emb = d.embed[0].weight.double()[torch.tensor(tokens)]
+    c = d.config
+    return reference_forward(d.state_dict(), d.embed[0].weight, tokens, feats, c.num_attention_heads,
+                             c.num_key_value_heads, c.rms_norm_eps, c.rope_theta)
+
+
+def reference_forward(state: dict, embed: torch.Tensor, tokens: list[int], feats: torch.Tensor, nh: int, nkv: int,
+                      eps: float, theta: float) -> torch.Tensor:
+    """EAGLE-3's layer from a checkpoint's own tensors, named as SafeAILab saves them. -> [n, Vd] float64"""
+    sd = {k: v.double() for k, v in state.items() if v.is_floating_point()}
+    emb = embed.double()[torch.tensor(tokens)]
     g = feats.double() @ sd["fc.weight"].T
-    eps = c.rms_norm_eps
     x = torch.cat([rms(emb, sd["midlayer.input_layernorm.weight"], eps), rms(g, sd["midlayer.hidden_norm.weight"], eps)], -1)
-    n, hd, nh, nkv = len(tokens), c.head_dim, c.num_attention_heads, c.num_key_value_heads
+    n, hd = len(tokens), sd["midlayer.self_attn.q_proj.weight"].shape[0] // nh
     q = (x @ sd["midlayer.self_attn.q_proj.weight"].T).view(n, nh, hd)
     k = (x @ sd["midlayer.self_attn.k_proj.weight"].T).view(n, nkv, hd)
     v = (x @ sd["midlayer.self_attn.v_proj.weight"].T).view(n, nkv, hd)
-    inv = 1.0 / (c.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
     ang = torch.arange(n, dtype=torch.float64)[:, None] * inv[None]  # [n, hd/2]
     cos, sin = torch.cat([ang.cos()] * 2, -1)[:, None], torch.cat([ang.sin()] * 2, -1)[:, None]
 
@@ -313,3 +319,27 @@ def test_load_takes_an_eagle_drafter_and_a_request_can_pick_its_drafter(llama):
         loaded.engine.stream(GenerationRequest(prompt, N, drafter="eagle3"))
     with pytest.raises(ValueError, match="`tree` must be 'auto', 'trained' or 'none'"):
         engine.stream(GenerationRequest(prompt, N, tree="chain", drafter="eagle3"))
+
+
+# -- training ----------------------------------------------------------------------------------------
+
+def test_training_time_test_sees_what_an_inference_tree_node_sees(llama):
+    """Step j of the unrolled training pass at position t gives the logits of the depth-j node whose path is
+    the true tokens, as inference drafts it (its context, its ancestors' own outputs, itself)."""
+    from specdec.train.eagle import unrolled
+
+    d = random_eagle(llama, seed=5)
+    torch.manual_seed(2)
+    T = 12
+    seq = torch.randint(0, 128, (1, T))
+    feats = torch.randn(1, T, 3 * d.config.feature_size)
+    with torch.no_grad():
+        steps = unrolled(d, feats, seq, 4)
+    s = seq[0].tolist()
+    for j in range(4):
+        for t in range(j, T - 1):
+            want = node_logits(d, s[1 : t - j + 2], feats[0, : t - j + 1], s[t - j + 2 : t + 2])
+            assert torch.allclose(steps[j][0, t], want, atol=1e-4), (j, t)
+    # The negative control: step 1 reading the target's state instead of its own output differs.
+    wrong = node_logits(d, s[1:6], feats[0, :5], [])
+    assert not torch.allclose(steps[1][0, 5], wrong, atol=1e-3)

@@ -71,48 +71,31 @@ def main(argv=None, prog: str = "python -m specdec.train") -> int:
     h = sub.add_parser("heads", formatter_class=DEFAULTS, help="train Medusa heads for any HF causal LM (backbone frozen)",
                        description="Self-distil the model on prompts (your --prompts file, a --dataset, or the local "
                                    "Python corpus), train heads on its replies, write heads, metrics and a model card.")
-    h.add_argument("--model", required=True, help="hub id or local path")
-    h.add_argument("--out", required=True)
-    h.add_argument("--device", default="cuda" if _cuda() else "cpu")
-    h.add_argument("--dtype", default=None, help="backbone dtype (default: bfloat16 on CUDA, float32 on CPU)")
-    src = h.add_argument_group("data (default: windows of the local Python corpus)")
-    src.add_argument("--prompts", default=None,
-                     help="a file of prompts: .jsonl (one record per line), .json (a list of records), or text "
-                          "(one prompt per line). A record is a prompt string, a chat (list of {role, content}) "
-                          "or an object holding one of those (see --field)")
-    src.add_argument("--dataset", default=None, help="a `datasets` name or path (needs `pip install datasets`)")
-    src.add_argument("--split", default="train", help="--dataset split")
-    src.add_argument("--field", default=None,
-                     help=f"the record field with the prompt or chat (default: the first of {', '.join(DEFAULT_FIELDS)})")
-    src.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
-                     help="render prompts with the tokenizer's chat template (default: on when it has one)")
-    src.add_argument("--max-prompt-len", type=int, default=256, help="--prompts/--dataset: keep the last N tokens")
+    _common_args(h)
     h.add_argument("--num-heads", type=int, default=4)
     h.add_argument("--num-layers", type=int, default=1)
     h.add_argument("--shared-lm-head", action="store_true", help="reuse the model's lm_head (small on disk)")
     h.add_argument("--root-token", action="store_true",
                    help="heads also read the root token's embedding (what a sampled round drew): better drafts "
                         "when sampling; specdec's own layout only, not Medusa's or vLLM's")
-    h.add_argument("--num-seqs", type=int, default=None,
-                   help="training sequences (default: 4096 corpus windows, or each of your training prompts once)")
-    h.add_argument("--valid-seqs", type=int, default=256,
-                   help="held-out prompts (for your data: at most a tenth of the records)")
-    h.add_argument("--prompt-len", type=int, default=48, help="corpus window length in tokens")
-    h.add_argument("--gen-len", type=int, default=192, help="new tokens per prompt (fewer when the model ends its reply)")
-    h.add_argument("--gen-batch", type=int, default=0,
-                   help="rows per generate call (0 = auto: 128 on CPU, the largest that fits on CUDA)")
-    h.add_argument("--greedy-frac", type=float, default=0.75, help="share of greedy rows; the rest sample at T=0.7, top-p 0.95")
-    h.add_argument("--cache", default=None, help="distillation cache folder (default: OUT/distill)")
-    h.add_argument("--resume", action="store_true", help="continue a cut distillation from its cached shards")
     h.add_argument("--batch-size", type=int, default=32)
     h.add_argument("--lr", type=float, default=1e-3)
     h.add_argument("--max-seconds", type=float, default=120.0)
-    h.add_argument("--max-steps", type=int, default=0)
-    h.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for the greedy mean accepted length (0 = skip)")
-    h.add_argument("--eval-tokens", type=int, default=64)
-    h.add_argument("--seed", type=int, default=0)
-    h.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch default)")
 
+    e = sub.add_parser("eagle", formatter_class=DEFAULTS, help="train an EAGLE-3 drafter for any HF causal LM (frozen)",
+                       description="Self-distil the model on prompts (your --prompts file, a --dataset, or the local "
+                                   "Python corpus), train an EAGLE-3 drafter on its replies with the training-time "
+                                   "test, and write it in the layout vLLM and SGLang load, with metrics and a card.")
+    _common_args(e)
+    e.add_argument("--draft-vocab", type=int, default=32000,
+                   help="draft vocabulary: the ids most frequent in the distilled replies (all, if the model has fewer)")
+    e.add_argument("--ttt-steps", type=int, default=4, help="unrolled steps of the training-time test")
+    e.add_argument("--tree-budget", type=int, default=15, help="the shipped tree's drafted nodes (the root excluded)")
+    e.add_argument("--tree-depth", type=int, default=5, help="the shipped tree's levels")
+    e.add_argument("--tree-top-k", type=int, default=4, help="the shipped tree's children per node and nodes per level")
+    e.add_argument("--batch-size", type=int, default=8)
+    e.add_argument("--lr", type=float, default=2e-3)
+    e.add_argument("--max-seconds", type=float, default=600.0)
     tr = sub.add_parser("tree", formatter_class=DEFAULTS, help="pick the tree for trained heads: best expected length per ms on this machine")
     tr.add_argument("--model", required=True)
     tr.add_argument("--heads", required=True, help="heads folder with heads_metrics.json beside or inside it")
@@ -125,7 +108,7 @@ def main(argv=None, prog: str = "python -m specdec.train") -> int:
     tr.add_argument("--lookup", type=int, default=10, help="prompt lookup while measuring (the product default)")
 
     a = ap.parse_args(argv)
-    if a.cmd == "heads":
+    if a.cmd in ("heads", "eagle"):
         _check_heads_args(ap, a)
     if a.cmd == "tree":
         if a.measure is not None:
@@ -163,44 +146,80 @@ def main(argv=None, prog: str = "python -m specdec.train") -> int:
         print(json.dumps({k: v for k, v in metrics.items() if k != "config"}))
     elif a.cmd == "heads":
         return _heads(ap, a, argv)
+    elif a.cmd == "eagle":
+        return _eagle(ap, a, argv)
     return 0
+
+
+def _common_args(p) -> None:
+    """The model, data and run arguments `heads` and `eagle` share."""
+    p.add_argument("--model", required=True, help="hub id or local path")
+    p.add_argument("--out", required=True)
+    p.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    p.add_argument("--dtype", default=None, help="backbone dtype (default: bfloat16 on CUDA, float32 on CPU)")
+    src = p.add_argument_group("data (default: windows of the local Python corpus)")
+    src.add_argument("--prompts", default=None,
+                     help="a file of prompts: .jsonl (one record per line), .json (a list of records), or text "
+                          "(one prompt per line). A record is a prompt string, a chat (list of {role, content}) "
+                          "or an object holding one of those (see --field)")
+    src.add_argument("--dataset", default=None, help="a `datasets` name or path (needs `pip install datasets`)")
+    src.add_argument("--split", default="train", help="--dataset split")
+    src.add_argument("--field", default=None,
+                     help=f"the record field with the prompt or chat (default: the first of {', '.join(DEFAULT_FIELDS)})")
+    src.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                     help="render prompts with the tokenizer's chat template (default: on when it has one)")
+    src.add_argument("--max-prompt-len", type=int, default=256, help="--prompts/--dataset: keep the last N tokens")
+    p.add_argument("--num-seqs", type=int, default=None,
+                   help="training sequences (default: 4096 corpus windows, or each of your training prompts once)")
+    p.add_argument("--valid-seqs", type=int, default=256,
+                   help="held-out prompts (for your data: at most a tenth of the records)")
+    p.add_argument("--prompt-len", type=int, default=48, help="corpus window length in tokens")
+    p.add_argument("--gen-len", type=int, default=192, help="new tokens per prompt (fewer when the model ends its reply)")
+    p.add_argument("--gen-batch", type=int, default=0,
+                   help="rows per generate call (0 = auto: 128 on CPU, the largest that fits on CUDA)")
+    p.add_argument("--greedy-frac", type=float, default=0.75, help="share of greedy rows; the rest sample at T=0.7, top-p 0.95")
+    p.add_argument("--cache", default=None, help="distillation cache folder (default: OUT/distill)")
+    p.add_argument("--resume", action="store_true", help="continue a cut distillation from its cached shards")
+    p.add_argument("--max-steps", type=int, default=0)
+    p.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for the greedy mean accepted length (0 = skip)")
+    p.add_argument("--eval-tokens", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch default)")
+
 
 
 def _check_heads_args(ap, a) -> None:
     if a.prompts is not None and a.dataset is not None:
-        ap.error("heads: give --prompts or --dataset, not both")
+        ap.error(f"{a.cmd}: give --prompts or --dataset, not both")
     for name, low in (("num_seqs", 1), ("valid_seqs", 0), ("prompt_len", 1), ("max_prompt_len", 1), ("gen_len", 1),
                       ("gen_batch", 0), ("batch_size", 1), ("max_steps", 0), ("eval_prompts", 0), ("eval_tokens", 1),
                       ("num_heads", 1), ("num_layers", 0), ("threads", 0)):
-        value = getattr(a, name)
+        value = getattr(a, name, None)
         if value is not None and value < low:
-            ap.error(f"heads: --{name.replace('_', '-')} must be >= {low}, got {value}")
+            ap.error(f"{a.cmd}: --{name.replace('_', '-')} must be >= {low}, got {value}")
     if not 0 <= a.greedy_frac <= 1:
-        ap.error(f"heads: --greedy-frac must be in [0, 1], got {a.greedy_frac}")
-    if a.root_token and a.num_layers < 1:
-        ap.error("heads: --root-token needs --num-layers >= 1 (the first residual block reads the root)")
+        ap.error(f"{a.cmd}: --greedy-frac must be in [0, 1], got {a.greedy_frac}")
+    if getattr(a, "root_token", False) and a.num_layers < 1:
+        ap.error(f"{a.cmd}: --root-token needs --num-layers >= 1 (the first residual block reads the root)")
     try:
         hub.check(a.model, "model")
     except ValueError as e:
-        ap.error(f"heads: {e}")
+        ap.error(f"{a.cmd}: {e}")
 
 
-def _heads(ap, a, argv) -> int:
-    """Prompts -> distillation (cached) -> heads -> held-out accuracy and mean accepted length -> model card."""
-    import shlex
-
+def _model_and_prompts(ap, a):
+    """The frozen model, its tokenizer, and the training and held-out prompts (ids) with their source."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .card import write_card
-    from .medusa import measure_tau, train_heads
     from .prompts import (PromptSource, corpus_prompts, has_chat_template, prompt_ids, read_dataset,
                           read_prompt_file, repeat_to, split_records)
+    cmd = a.cmd
     dev = torch.device(a.device)
     dtype = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
              "float32": torch.float32, "fp32": torch.float32}.get(a.dtype or "", None)
     if a.dtype is not None and dtype is None:
-        ap.error(f"heads: --dtype must be bfloat16, float16 or float32, got {a.dtype!r}")
+        ap.error(f"{cmd}: --dtype must be bfloat16, float16 or float32, got {a.dtype!r}")
     dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -208,11 +227,11 @@ def _heads(ap, a, argv) -> int:
         model = hub.pretrained(AutoModelForCausalLM, a.model, "model", dtype=dtype)
         tok = hub.pretrained(AutoTokenizer, a.model, "model")
     except ValueError as e:
-        ap.error(f"heads: {e}")
+        ap.error(f"{cmd}: {e}")
     try:
         if a.prompts is None and a.dataset is None:
             if a.chat:
-                ap.error("heads: --chat needs your own prompts (--prompts or --dataset); corpus windows are raw code")
+                ap.error(f"{cmd}: --chat needs your own prompts (--prompts or --dataset); corpus windows are raw code")
             n = a.num_seqs or 4096
             train_ids = corpus_prompts(tok, "train", n, a.prompt_len, a.seed).tolist()
             valid_ids = corpus_prompts(tok, "valid", a.valid_seqs, a.prompt_len, a.seed + 1).tolist() if a.valid_seqs else []
@@ -224,7 +243,7 @@ def _heads(ap, a, argv) -> int:
                 records, kind, name = read_dataset(a.dataset, a.split, a.field), "dataset", a.dataset
             chat = has_chat_template(tok) if a.chat is None else a.chat
             if chat and not has_chat_template(tok):
-                ap.error(f"heads: --chat needs a chat template, and the tokenizer of {a.model!r} has none")
+                ap.error(f"{cmd}: --chat needs a chat template, and the tokenizer of {a.model!r} has none")
             train_recs, valid_recs = split_records(records, a.valid_seqs, a.seed)
             train_ids = [prompt_ids(tok, r, chat, a.max_prompt_len) for r in train_recs]
             valid_ids = [prompt_ids(tok, r, chat, a.max_prompt_len) for r in valid_recs]
@@ -232,9 +251,22 @@ def _heads(ap, a, argv) -> int:
                 train_ids = repeat_to(train_ids, a.num_seqs)
             source = PromptSource(kind, name, len(records), chat)
             log.info("%d records from %s %s (chat template: %s): %d training and %d held-out prompts",
-                         len(records), kind, name, chat, len(train_ids), len(valid_ids))
-        if not valid_ids:
-            ap.error("heads: the held-out accuracy needs --valid-seqs >= 1 (and at least 2 records)")
+                     len(records), kind, name, chat, len(train_ids), len(valid_ids))
+    except ValueError as e:
+        ap.error(f"{cmd}: {e}")
+    if not valid_ids:
+        ap.error(f"{cmd}: the held-out accuracy needs --valid-seqs >= 1 (and at least 2 records)")
+    return model, tok, train_ids, valid_ids, source
+
+
+def _heads(ap, a, argv) -> int:
+    """Prompts -> distillation (cached) -> heads -> held-out accuracy and mean accepted length -> model card."""
+    import shlex
+
+    from .card import write_card
+    from .medusa import measure_tau, train_heads
+    model, tok, train_ids, valid_ids, source = _model_and_prompts(ap, a)
+    try:
         out = Path(a.out)
         variant = {"num_heads": a.num_heads, "num_layers": a.num_layers, "shared_lm_head": a.shared_lm_head,
                    "root_token": a.root_token}
@@ -257,6 +289,45 @@ def _heads(ap, a, argv) -> int:
     write_card(metrics, "heads", heads_dir)
     v = metrics["variants"]["heads"]
     print(json.dumps({"top1": v["top1"], "top5": v["top5"], "out": str(heads_dir),
+                      "mean_accepted_length": metrics.get("tau", {}).get("mean_accepted_length")}))
+    return 0
+
+
+def _eagle(ap, a, argv) -> int:
+    """Prompts -> distillation (cached) -> EAGLE-3 drafter -> held-out accuracy and mean accepted length -> card."""
+    import shlex
+
+    from ..eagle import Shape
+    from .card import write_card
+    from .eagle import measure_tau, train_eagle
+    try:
+        shape = Shape(a.tree_budget, a.tree_depth, a.tree_top_k)
+    except ValueError as e:
+        ap.error(f"eagle: {e}".replace("`budget`", "--tree-budget").replace("`depth`", "--tree-depth")
+                 .replace("`top_k`", "--tree-top-k"))
+    if a.draft_vocab < 1 or a.ttt_steps < 1:
+        ap.error("eagle: --draft-vocab and --ttt-steps must be >= 1")
+    model, tok, train_ids, valid_ids, source = _model_and_prompts(ap, a)
+    out = Path(a.out)
+    try:
+        metrics = train_eagle(model, tok, out, prompt_len=a.prompt_len, gen_len=a.gen_len, gen_batch=a.gen_batch,
+                              batch=a.batch_size, lr=a.lr, steps=a.ttt_steps, max_seconds=a.max_seconds,
+                              max_steps=a.max_steps, draft_vocab=a.draft_vocab, device=a.device, seed=a.seed,
+                              train_prompts=train_ids, valid_prompts=valid_ids, cache_dir=a.cache, resume=a.resume,
+                              greedy_frac=a.greedy_frac, shape=shape)
+    except ValueError as e:
+        ap.error(f"eagle: {e}")
+    eagle_dir = out / "eagle3"
+    if a.eval_prompts:
+        metrics["tau"] = measure_tau(model, tok, eagle_dir, valid_ids[: a.eval_prompts], a.eval_tokens, a.device)
+        log.info("greedy mean accepted length on %d held-out prompts: %.2f", metrics["tau"]["prompts"],
+                 metrics["tau"]["mean_accepted_length"])
+    metrics["card"] = {"base_model": getattr(model.config, "_name_or_path", a.model) or a.model, "model_arg": a.model,
+                       "heads_dir_hint": str(eagle_dir), "data": asdict(source),
+                       "command": "python -m specdec.train " + shlex.join(sys.argv[1:] if argv is None else argv)}
+    (out / "eagle3_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    write_card(metrics, "eagle3", eagle_dir)
+    print(json.dumps({"top1_by_step": metrics["top1_by_step"], "out": str(eagle_dir),
                       "mean_accepted_length": metrics.get("tau", {}).get("mean_accepted_length")}))
     return 0
 

@@ -114,6 +114,55 @@ def render_card(metrics: dict, variant: str, heads_dir: Path) -> str:
 
 
 def write_card(metrics: dict, variant: str, heads_dir: str | Path) -> Path:
+    """README.md beside the weights: Medusa heads' card, or the EAGLE-3 drafter's (variant "eagle3")."""
     path = Path(heads_dir) / "README.md"
-    path.write_text(render_card(metrics, variant, Path(heads_dir)))
+    text = render_eagle_card(metrics, Path(heads_dir)) if variant == "eagle3" else render_card(metrics, variant, Path(heads_dir))
+    path.write_text(text)
     return path
+
+
+def render_eagle_card(metrics: dict, eagle_dir: Path) -> str:
+    """The card of a trained EAGLE-3 drafter (from eagle3_metrics.json and its config.json)."""
+    info = metrics.get("card", {})
+    config = json.loads((eagle_dir / "config.json").read_text())
+    base = info.get("base_model") or "unknown"
+    data = info.get("data", {})
+    arg = info.get("heads_dir_hint", str(eagle_dir))
+    model_arg = info.get("model_arg", base)
+    tree = (config.get("specdec") or {}).get("tree", {})
+    layers = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    rows = [f"| {j} | {'target states' if j == 0 else f'its own step {j - 1} output'} | {a:.1%} |"
+            for j, a in enumerate(metrics["top1_by_step"])]
+    tau = metrics.get("tau")
+    lines = ["---", f"base_model: {_yaml_str(base)}", "library_name: specdec", "tags:", "- eagle3",
+             "- speculative-decoding", "- specdec", "---", "",
+             f"# EAGLE-3 drafter for `{base}`", "",
+             f"One decoder layer ({metrics['params']:,} parameters) that fuses the target's hidden states entering "
+             f"layers {layers} and drafts a tree token by token, over a draft vocabulary of "
+             f"{metrics['draft_vocab_size']:,} ids. The target was frozen; the drafter learned its own replies "
+             f"(self-distillation), fed its own outputs for {metrics['unrolled_steps']} steps (the training-time test).",
+             "", "## Training data", "",
+             f"- source: {data.get('kind', 'corpus')} `{data.get('name', 'local Python corpus')}`"
+             + (" through the tokenizer's chat template" if data.get("chat") else ""),
+             f"- {metrics['train_sequences']:,} training sequences (up to {metrics['gen_len']} generated tokens each), "
+             f"{metrics['valid_sequences']:,} held-out prompts; {metrics['steps']:,} steps in "
+             f"{metrics['train_seconds']:.0f} s", "",
+             "## Accuracy on held-out replies", "",
+             "Top-1 of each unrolled step against the token the target actually wrote two positions on.", "",
+             "| step | reads | top-1 |", "| --- | --- | --- |", *rows]
+    if tau:
+        lines += ["", f"Greedy mean accepted length on {tau['prompts']} held-out prompts × {tau['new_tokens']} "
+                      f"tokens, on its {tree.get('budget', 15) + 1}-node tree, no prompt lookup: "
+                      f"**{tau['mean_accepted_length']:.2f}** tokens per target forward."]
+    lines += ["", "## Use", "", "```python", "import specdec",
+              f"loaded = specdec.load({model_arg!r}, heads={arg!r})",
+              "print(specdec.generate(loaded, prompt=\"Hello\", max_new_tokens=64).text)", "```", "",
+              "```bash", f"specdec serve --model {model_arg} --heads {arg}",
+              "# vLLM and SGLang load this folder as it is (SafeAILab's EAGLE-3 layout):",
+              f"vllm serve {model_arg} --speculative-config '{{\"method\": \"eagle3\", \"model\": \"{arg}\", "
+              f"\"num_speculative_tokens\": {tree.get('depth', 5)}}}'",
+              f"python -m sglang.launch_server --model {model_arg} --speculative-algorithm EAGLE3 "
+              f"--speculative-draft-model-path {arg} --speculative-num-steps {tree.get('depth', 5)} "
+              f"--speculative-eagle-topk {tree.get('top_k', 4)} --speculative-num-draft-tokens {tree.get('budget', 15) + 1}",
+              "```", "", "## Command", "", "```bash", info.get("command", "(not recorded)"), "```", ""]
+    return "\n".join(lines)
