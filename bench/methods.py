@@ -25,6 +25,7 @@ class Method:
     hf_cache: str | None = None  # hf: GenerationConfig.cache_implementation ("static"); None: HF's dynamic cache
     hf_compile: bool = False  # hf: let generate torch.compile the decode step (static cache, CUDA only)
     opt_in: bool = False  # runs only when named in --methods (slow or device-specific)
+    drafter: str = "auto"  # engine: GenerationRequest.drafter ("auto": the loaded model's default)
 
     def sampling_params(self, temperature: float, top_p: float) -> tuple[float, float]:
         """(temperature, top_p) of a sampling method: its own where set, else the run's."""
@@ -33,7 +34,11 @@ class Method:
 
     @property
     def needs_heads(self) -> bool:
-        return self.backend == "engine" and self.tree not in (None, "none")
+        return self.backend == "engine" and self.tree not in (None, "none") and self.drafter == "medusa"
+
+    @property
+    def needs_eagle(self) -> bool:
+        return self.backend == "engine" and self.drafter == "eagle3"
 
 
 T1 = dict(temperature=1.0, top_p=1.0)  # the flattest law measured: no filters at all
@@ -52,24 +57,32 @@ METHODS = (
     Method("plain_greedy", "specdec speculative=False greedy", "engine", False),
     Method("plain_sample", "specdec speculative=False sampling", "engine", True),
     Method("plain_sample_t1", "specdec speculative=False sampling, T=1.0", "engine", True, **T1),
-    Method("chain_greedy", "specdec chain greedy", "engine", False, "chain"),
-    Method("small_greedy", "specdec small tree greedy", "engine", False, "small"),
-    Method("default_greedy", "specdec default tree greedy", "engine", False, "default"),
-    Method("trained_greedy", "specdec trained tree greedy", "engine", False, "trained"),
-    Method("auto_greedy", "specdec dynamic tree (heads alone) greedy", "engine", False, "auto"),
-    Method("default_sample", "specdec default tree lossless sampling", "engine", True, "default"),
-    Method("trained_sample", "specdec trained tree lossless sampling", "engine", True, "trained"),
-    Method("auto_sample", "specdec dynamic tree (heads alone) lossless sampling", "engine", True, "auto"),
-    Method("trained_sample_t1", "specdec trained tree lossless sampling, T=1.0", "engine", True, "trained", **T1),
+    Method("chain_greedy", "specdec chain greedy", "engine", False, "chain", drafter="medusa"),
+    Method("small_greedy", "specdec small tree greedy", "engine", False, "small", drafter="medusa"),
+    Method("default_greedy", "specdec default tree greedy", "engine", False, "default", drafter="medusa"),
+    Method("trained_greedy", "specdec trained tree greedy", "engine", False, "trained", drafter="medusa"),
+    Method("auto_greedy", "specdec dynamic tree (heads alone) greedy", "engine", False, "auto", drafter="medusa"),
+    Method("default_sample", "specdec default tree lossless sampling", "engine", True, "default", drafter="medusa"),
+    Method("trained_sample", "specdec trained tree lossless sampling", "engine", True, "trained", drafter="medusa"),
+    Method("auto_sample", "specdec dynamic tree (heads alone) lossless sampling", "engine", True, "auto", drafter="medusa"),
+    Method("trained_sample_t1", "specdec trained tree lossless sampling, T=1.0", "engine", True, "trained", **T1, drafter="medusa"),
     Method("auto_sample_t1", "specdec dynamic tree (heads alone) lossless sampling, T=1.0", "engine", True, "auto",
-           **T1),
+           **T1, drafter="medusa"),
     Method("lookup_greedy", "specdec prompt lookup alone (no heads), greedy", "engine", False, "none", lookup=True),
     Method("merge_greedy", "specdec default tree with the lookup chain merged in, greedy", "engine", False,
-           "default", lookup=True, lookup_mode="merge"),
+           "default", lookup=True, lookup_mode="merge", drafter="medusa"),
     Method("static_hybrid_greedy", "specdec trained tree, lookup first (the static default before the dynamic "
-           "tree), greedy", "engine", False, "trained", lookup=True),
+           "tree), greedy", "engine", False, "trained", lookup=True, drafter="medusa"),
     Method("static_hybrid_sample", "specdec trained tree, lookup first, lossless sampling", "engine", True, "trained",
-           lookup=True),
+           lookup=True, drafter="medusa"),
+    Method("eagle_greedy", "specdec EAGLE-3 on its 16-node tree, greedy", "engine", False, "trained",
+           drafter="eagle3"),
+    Method("eagle_sample", "specdec EAGLE-3 on its 16-node tree, lossless sampling", "engine", True, "trained",
+           drafter="eagle3"),
+    Method("eagle_lookup_greedy", "specdec EAGLE-3 tree with the lookup chain merged in, greedy", "engine", False,
+           "trained", lookup=True, lookup_mode="merge", drafter="eagle3"),
+    Method("eagle_lookup_sample", "specdec EAGLE-3 tree with the lookup chain merged in, lossless sampling",
+           "engine", True, "trained", lookup=True, lookup_mode="merge", drafter="eagle3"),
     Method("hybrid_greedy", "specdec default: the dynamic tree with the lookup chain in its budget; greedy",
            "engine", False, "auto", lookup=True),
     Method("hybrid_sample", "specdec default: the dynamic tree with the lookup chain in its budget; lossless "
@@ -106,7 +119,7 @@ VERSUS_STATIC = (
 
 
 def select_methods(wanted: tuple[str, ...] | None, has_heads: bool, has_trained_tree: bool,
-                   oracle: bool = False) -> list[Method]:
+                   oracle: bool = False, has_eagle: bool = False) -> list[Method]:
     """The methods to run, in registry order: `wanted` (None: all) less those this model cannot run.
 
     hf_greedy always runs: every speedup is relative to it.
@@ -119,9 +132,9 @@ def select_methods(wanted: tuple[str, ...] | None, has_heads: bool, has_trained_
     for m in METHODS:
         if (m.id not in wanted) if wanted is not None else m.opt_in:
             continue
-        if m.needs_heads and not has_heads:
+        if (m.needs_heads and not has_heads) or (m.needs_eagle and not has_eagle):
             continue
-        if m.tree == "trained" and not has_trained_tree:
+        if m.tree == "trained" and m.drafter == "medusa" and not has_trained_tree:
             continue  # heads without a shipped tree: the presets stand in for it
         if oracle and m.backend == "engine" and m.sampling:
             continue  # the oracle knows the greedy continuation only

@@ -96,7 +96,7 @@ def engine_request(m: Method, cfg: BenchConfig, ids: list[int], seed: int, max_n
     params = SamplingParams(temperature=t, top_p=p, seed=seed) if m.sampling else SamplingParams(seed=seed)
     return GenerationRequest(ids, max_new, params, tree=m.tree or "auto", speculative=m.tree is not None,
                              acceptance=m.acceptance, eos_token_id="auto" if cfg.stop_at_eos else None,
-                             lookup=cfg.lookup if m.lookup else 0, lookup_mode=m.lookup_mode)
+                             lookup=cfg.lookup if m.lookup else 0, lookup_mode=m.lookup_mode, drafter=m.drafter)
 
 
 def run_engine(loaded: specdec.Loaded, ids: list[int], m: Method, cfg: BenchConfig, seed: int, max_new: int,

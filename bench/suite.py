@@ -40,7 +40,8 @@ def benchmark(cfg: BenchConfig, loaded: specdec.Loaded | None = None, oracle: Or
         tok = AutoTokenizer.from_pretrained(str(DEFAULT_MODEL))  # to encode prompts for models without one
     V = loaded.model.config.vocab_size
     prompts = [[i for i in tok(p, add_special_tokens=False)["input_ids"] if i < V] for p in cfg.prompts]
-    methods = select_methods(cfg.methods, loaded.heads is not None, bool(loaded.tree_paths), oracle is not None)
+    methods = select_methods(cfg.methods, loaded.heads is not None, bool(loaded.tree_paths), oracle is not None,
+                             loaded.eagle is not None)
     for m in methods:  # every request is checked before the first timed run, not in the middle of one
         if m.backend == "engine":
             engine_request(m, cfg, prompts[0], cfg.seed, cfg.max_new_tokens).plan(loaded.engine)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import threading
+from dataclasses import replace
 from typing import Callable, Iterable
 
 import gradio as gr
@@ -50,20 +51,27 @@ __all__ = ["Handlers", "Throttle", "round_markdown", "COMPARE_HINT", "tree_choic
 
 
 def tree_choices(info: dict) -> list[tuple[str, str]]:
-    """The draft-tree dropdown's (label, value) pairs from `Engine.info()`: the static presets worth a pick."""
+    """The drafter-and-tree dropdown's (label, value) pairs from `Engine.info()`: EAGLE-3's tree where it is
+    loaded, the heads' dynamic tree and static presets where they are, and prompt lookup alone."""
+    eagle = info.get("eagle3")
+    out = [(f"EAGLE-3 (a tree grown token by token, up to {eagle['nodes']} nodes)", "eagle3")] if eagle else []
     if not info["heads"]:
-        return [("auto (dynamic: the lookup chain sized by this machine's cost)", "auto"),
-                ("none (no draft heads loaded: prompt lookup only)", "none")]
+        if not eagle:
+            out.append(("auto (dynamic: the lookup chain sized by this machine's cost)", "auto"))
+        return out + [("none (no model drafter: prompt lookup only)", "none")]
     trees = info["trees"]
-    out = [(f"{name} ({trees[name]} nodes, {'shipped with the heads' if name == 'trained' else 'preset'})", name)
-           for name in ("trained", "default", "small", "chain") if name in trees]
-    auto = ("auto (dynamic: grown each round from the heads' confidence, sized by this machine's cost)", "auto")
-    return [auto] + out + [("none (root only: prompt lookup drafts everything)", "none")]
+    out.append(("Medusa heads, auto (dynamic: grown each round from the heads' confidence, sized by this "
+                "machine's cost)", "auto"))
+    out += [(f"Medusa heads, {name} ({trees[name]} nodes, {'shipped with the heads' if name == 'trained' else 'preset'})",
+             name) for name in ("trained", "default", "small", "chain") if name in trees]
+    return out + [("none (root only: prompt lookup drafts everything)", "none")]
 
 
 def model_line(info: dict, name: str = "") -> str:
     """One Markdown line on what runs: model, size, dtype, device, CUDA graphs, heads and prefix cache."""
     heads = f"{info['heads']} Medusa heads" if info["heads"] else "no draft heads"
+    if info.get("eagle3"):
+        heads = ("an EAGLE-3 drafter and " + heads) if info["heads"] else "an EAGLE-3 drafter"
     if info["heads"] and info.get("heads_dtype") not in (None, info["dtype"]):  # stored narrower for speed
         heads += f" ({info['heads_dtype']} projections)"
     cache = info["prefix_cache"]
@@ -101,14 +109,16 @@ class Handlers(RoundViews, SamplerView, RaceView):
 
     @property
     def default_tree(self) -> str:
-        """The page's tree: the heads' own (a tree with branches to watch), else the first choice."""
+        """The page's tree: the default drafter's own (a tree with branches to watch), else the first choice."""
         values = [v for _, v in self.tree_choices]
-        return next((t for t in ("trained", "default") if t in values), values[0])
+        first = ("eagle3", "trained") if self.gate.info.get("default_drafter") == "eagle3" else ("trained", "eagle3")
+        return next((t for t in first + ("default",) if t in values), values[0])
 
     def page_defaults(self) -> Settings:
         """The page's settings, chosen to teach (Compare tells the speed story): the heads' tree with the
         lookup chain merged into it, so most rounds draw branches and the heads make most accepted drafts."""
-        return Settings(tree=self.default_tree, lookup_mode="merge" if self.gate.info["heads"] else "first")
+        drafts = self.gate.info["heads"] or self.gate.info.get("eagle3")
+        return Settings(tree=self.default_tree, lookup_mode="merge" if drafts else "first")
 
     @property
     def has_chat_template(self) -> bool:
@@ -130,6 +140,8 @@ class Handlers(RoundViews, SamplerView, RaceView):
         try:
             settings = Settings.validate(temperature, top_k, top_p, min_p, max_new_tokens, seed, tree, acceptance,
                                          speculative, lookup, lookup_mode, trees=[v for _, v in self.tree_choices])
+            if settings.tree != "eagle3" and self.gate.info["heads"]:  # the menu's other trees are the heads'
+                settings = replace(settings, drafter="medusa")
             ids = self.encode(prompt, chat)
             if settings.speculative and settings.tree == "none" and not settings.lookup:
                 raise ValueError("The draft tree 'none' drafts nothing by itself: set prompt lookup tokens "

@@ -92,7 +92,7 @@ def settings_panel(d: Settings, tree_choices: list[tuple[str, str]]) -> SimpleNa
         with gr.Group():
             speculative = gr.Checkbox(d.speculative, label="speculation (off = plain decoding baseline)",
                                       elem_id="speculative")
-            tree = gr.Dropdown(tree_choices, value=d.tree, label="draft tree", elem_id="tree")
+            tree = gr.Dropdown(tree_choices, value=d.tree, label="drafter and tree", elem_id="tree")
             lookup = gr.Slider(0, LOOKUP_MAX, d.lookup, step=1, precision=0, label="prompt lookup tokens",
                                info="drafted per round by copying what followed the last occurrence "
                                     "of the context's final n-gram; 0 = off", elem_id="lookup")

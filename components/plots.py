@@ -297,7 +297,8 @@ def accepted_length_figure(events: list[RoundEvent], current: int | None = None)
     own = [len(ev.emitted) - d for ev, d in zip(dec, drafts)]
     if any(looked_up):  # the heads' share keeps its name, prompt lookup's share stacks on it
         heads = [d - k for d, k in zip(drafts, looked_up)]
-        data = [dict(type="bar", x=xs, y=heads, name="accepted drafts (heads)",
+        model = "EAGLE-3" if any(n.source == "eagle3" for ev in dec for n in ev.nodes) else "heads"
+        data = [dict(type="bar", x=xs, y=heads, name=f"accepted drafts ({model})",
                      marker=dict(color=STATUS_COLORS["accepted"])),
                 dict(type="bar", x=xs, y=looked_up, name="accepted drafts (prompt lookup)",
                      marker=dict(color=LOOKUP_FILL, line=dict(color=LOOKUP_COLOR, width=1)))]

@@ -77,8 +77,9 @@ def narrate(ev: RoundEvent | None) -> str:
     drafts = [n for n in ev.nodes[1:]]
     by_lookup = sum(1 for n in drafts if n.source == "lookup")
     branches = sum(1 for n in drafts if n.parent == 0)
-    who = "The heads" if not by_lookup else ("Prompt lookup" if by_lookup == len(drafts) else
-                                           f"The heads and prompt lookup ({by_lookup} copied)")
+    model = "EAGLE-3" if any(n.source == "eagle3" for n in drafts) else "The heads"
+    who = model if not by_lookup else ("Prompt lookup" if by_lookup == len(drafts) else
+                                       f"{model} and prompt lookup ({by_lookup} copied)")
     first = (f"{who} proposed {len(drafts)} token{'s' if len(drafts) != 1 else ''} in {branches} "
              f"branch{'es' if branches != 1 else ''}.")
     path = [ev.nodes[i] for i in ev.accepted_path[1:]]

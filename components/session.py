@@ -72,6 +72,7 @@ class Settings:
     speculative: bool = True
     lookup: int = DEFAULT_LOOKUP  # prompt-lookup tokens drafted per round; 0 = off
     lookup_mode: str = "first"  # "first" or "merge" (see LOOKUP_MODE_CHOICES)
+    drafter: str = "auto"  # the request's model drafter; the tree menu's "eagle3" picks EAGLE-3
 
     @classmethod
     def validate(cls, temperature, top_k, top_p, min_p, max_new_tokens=64, seed=0, tree="default",
@@ -114,10 +115,11 @@ class Settings:
             last_law: rows of the last token's law for the finished event (`GenerationRequest.last_law`).
         """
         spec = self.speculative if speculative is None else speculative
+        tree, drafter = ("trained", "eagle3") if self.tree == "eagle3" else (self.tree, self.drafter)
         return GenerationRequest(prompt_ids, self.max_new_tokens if max_new_tokens is None else max_new_tokens,
-                                 self.sampling_params() if params is None else params, self.tree, spec,
+                                 self.sampling_params() if params is None else params, tree, spec,
                                  self.acceptance, lookup=self.lookup if spec is True else 0,
-                                 lookup_mode=self.lookup_mode, last_law=last_law)
+                                 lookup_mode=self.lookup_mode, last_law=last_law, drafter=drafter)
 
     def sampling_params(self, seed: int | None = None) -> SamplingParams:
         """The engine's params. The greedy rule means argmax everywhere, so it forces temperature 0."""

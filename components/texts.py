@@ -4,8 +4,10 @@ HOW_TO_READ = """<details id="how-to-read"><summary><b>How to read this</b> (fiv
 <ol class="sd-howto">
 <li><b>The idea.</b> A big model writes one token per forward pass. Speculative decoding lets cheap drafters guess
 several tokens ahead, then checks every guess in <i>one</i> forward of the big (target) model.</li>
-<li><b>Drafters.</b> Medusa <b>heads</b> are small layers on the target's last hidden state: head <i>k</i> guesses
-the token <i>k</i>+1 places ahead. <b>Prompt lookup</b> copies what followed the same words earlier in the text.</li>
+<li><b>Drafters.</b> <b>EAGLE-3</b> is one small layer that reads three of the target's layers and drafts the tree
+token by token, each guess seeing the token above it. Medusa <b>heads</b> read the target's last hidden state: head
+<i>k</i> guesses the token <i>k</i>+1 places ahead, blind to the guesses before it. <b>Prompt lookup</b> copies what
+followed the same words earlier in the text.</li>
 <li><b>The tree.</b> The guesses form a tree (columns = how far ahead); tree attention lets one target forward score
 every node at once.</li>
 <li><b>Verification.</b> From the root, the target accepts a guess <i>x</i> with probability p(<i>x</i>) (the guess

@@ -338,18 +338,19 @@ def generate(loaded: Loaded, prompt: str | None = None, prompt_ids=None, max_new
              seed: int | None = None, tree="auto", speculative: bool = True, acceptance: str = "auto",
              on_round: Callable[[RoundEvent], None] | None = None, eos_token_id="auto",
              lookup: int = DEFAULT_LOOKUP, lookup_ngram: int = 3, lookup_mode: str = "first",
-             chat: bool = False) -> GenerationResult:
+             chat: bool = False, drafter: str = "auto") -> GenerationResult:
     """Generate from a prompt (text or ids) and return tokens, text, events and stats.
 
     `lookup` prompt-lookup tokens are drafted per round (0 = heads only). With
     lookup_mode="first" a round whose context has an n-gram match drafts the
     lookup chain alone and the heads draft the rest; "merge" merges both.
     `chat=True` sends the prompt as one user turn through the tokenizer's chat template.
+    `drafter`: "auto" (the model's default), "medusa" or "eagle3", where the model has that drafter.
     The request runs on `loaded.scheduler`, batched with whatever else runs there; an error inside
     its round (its `on_round` callback raising, say) is a `RequestFailed` carrying its events so far.
     """
     request = _request(loaded, prompt, prompt_ids, max_new_tokens, temperature, top_k, top_p, min_p, seed, tree,
-                       speculative, acceptance, eos_token_id, lookup, lookup_ngram, lookup_mode, chat)
+                       speculative, acceptance, eos_token_id, lookup, lookup_ngram, lookup_mode, chat, drafter)
     t0 = time.perf_counter()
     ticket = loaded.scheduler.submit(request, on_round=on_round)
     ticket.done.wait()
@@ -362,7 +363,8 @@ def generate_batch(loaded: Loaded, prompts: list[str] | None = None, prompt_ids:
                    max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                    min_p: float = 0.0, seed: int | None = None, tree="auto", speculative: bool = True,
                    acceptance: str = "auto", eos_token_id="auto", lookup: int = DEFAULT_LOOKUP,
-                   lookup_ngram: int = 3, lookup_mode: str = "first", chat: bool = False) -> list[GenerationResult]:
+                   lookup_ngram: int = 3, lookup_mode: str = "first", chat: bool = False,
+                   drafter: str = "auto") -> list[GenerationResult]:
     """Generate from several prompts (texts, or lists of ids) at once, decoded together on `loaded.scheduler`.
 
     Every prompt gets the same settings (a seed seeds each request's own generator). Results come
@@ -376,13 +378,13 @@ def generate_batch(loaded: Loaded, prompts: list[str] | None = None, prompt_ids:
     field = "prompts" if prompts is not None else "prompt_ids"
     # The shared settings first, so that their errors name the setting, not a prompt.
     _request(loaded, None, [0], max_new_tokens, temperature, top_k, top_p, min_p, seed, tree, speculative,
-             acceptance, eos_token_id, lookup, lookup_ngram, lookup_mode, False)
+             acceptance, eos_token_id, lookup, lookup_ngram, lookup_mode, False, drafter)
     requests = []
     for i, p in enumerate(items):
         try:
             requests.append(_request(loaded, p if prompts is not None else None, p if prompts is None else None,
                                      max_new_tokens, temperature, top_k, top_p, min_p, seed, tree, speculative,
-                                     acceptance, eos_token_id, lookup, lookup_ngram, lookup_mode, chat))
+                                     acceptance, eos_token_id, lookup, lookup_ngram, lookup_mode, chat, drafter))
         except ValueError as e:
             raise ValueError(f"`{field}[{i}]`: {e}") from None
     t0 = time.perf_counter()
@@ -404,11 +406,12 @@ def generate_batch(loaded: Loaded, prompts: list[str] | None = None, prompt_ids:
 
 
 def _request(loaded: Loaded, prompt, prompt_ids, max_new_tokens, temperature, top_k, top_p, min_p, seed, tree,
-             speculative, acceptance, eos_token_id, lookup, lookup_ngram, lookup_mode, chat) -> GenerationRequest:
+             speculative, acceptance, eos_token_id, lookup, lookup_ngram, lookup_mode, chat,
+             drafter="auto") -> GenerationRequest:
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     ids = encode(loaded, prompt, prompt_ids, chat)
     return GenerationRequest(ids, max_new_tokens, params, tree, speculative, acceptance, eos_token_id, lookup,
-                             lookup_ngram, lookup_mode)
+                             lookup_ngram, lookup_mode, drafter=drafter)
 
 
 def _result(loaded: Loaded, rounds: list[RoundEvent], seconds: float) -> GenerationResult:

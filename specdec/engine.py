@@ -155,6 +155,11 @@ class Engine:
             "device_type": self.target.device.type,
             "context": self.target.max_length,  # None: no limit known
             "heads": self.heads.config.num_heads if self.heads is not None else 0,
+            # the EAGLE-3 drafter's shipped tree: nodes (root included), levels, children per node; None: not loaded
+            "eagle3": None if self.eagle is None else {"nodes": self.eagle_shape.budget + 1,
+                                                       "depth": self.eagle_shape.depth,
+                                                       "top_k": self.eagle_shape.top_k},
+            "default_drafter": self.default_drafter,
             # what the heads' vocabulary projections are stored in (on a CPU, measured at load: `specdec.load`)
             "heads_dtype": str(self.heads.projection_dtype).replace("torch.", "") if self.heads is not None else None,
             "trees": {name: self.resolve_tree(name).num_nodes for name in names},  # static presets: nodes, root included
