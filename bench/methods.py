@@ -83,6 +83,10 @@ METHODS = (
            "trained", lookup=True, lookup_mode="merge", drafter="eagle3"),
     Method("eagle_lookup_sample", "specdec EAGLE-3 tree with the lookup chain merged in, lossless sampling",
            "engine", True, "trained", lookup=True, lookup_mode="merge", drafter="eagle3"),
+    Method("heads_hybrid_greedy", "specdec heads' dynamic tree with the lookup chain in its budget; greedy", "engine",
+           False, "auto", lookup=True, drafter="medusa"),
+    Method("heads_hybrid_sample", "specdec heads' dynamic tree with the lookup chain in its budget; lossless sampling",
+           "engine", True, "auto", lookup=True, drafter="medusa"),
     Method("hybrid_greedy", "specdec default: the dynamic tree with the lookup chain in its budget; greedy",
            "engine", False, "auto", lookup=True),
     Method("hybrid_sample", "specdec default: the dynamic tree with the lookup chain in its budget; lossless "

@@ -109,10 +109,10 @@ class Handlers(RoundViews, SamplerView, RaceView):
 
     @property
     def default_tree(self) -> str:
-        """The page's tree: the default drafter's own (a tree with branches to watch), else the first choice."""
+        """The page's tree, chosen to teach: EAGLE-3's where it is loaded (a tree grown token by token, whose
+        drafts the target accepts most), else the heads' own, else the first choice."""
         values = [v for _, v in self.tree_choices]
-        first = ("eagle3", "trained") if self.gate.info.get("default_drafter") == "eagle3" else ("trained", "eagle3")
-        return next((t for t in first + ("default",) if t in values), values[0])
+        return next((t for t in ("eagle3", "trained", "default") if t in values), values[0])
 
     def page_defaults(self) -> Settings:
         """The page's settings, chosen to teach (Compare tells the speed story): the heads' tree with the

@@ -16,9 +16,10 @@ is a point mass, so this keeps the output exactly the target's law); at the firs
 <li><b>Colours.</b> Tree: green accepted, red rejected, grey not reached. Text: green tokens were drafted and accepted,
 orange corrections and blue bonus tokens came from the target. Click a token to see its round.</li>
 </ol>
-<p class="sd-howto-defaults"><b>The defaults teach.</b> The heads' trained tree with prompt lookup merged into it,
-temperature 0.7, shown at 2 rounds/s: most rounds draw a tree with branches, and the heads, not only prompt lookup,
-make most of the accepted drafts. The fastest settings ("auto" tree, pace "fast") are for speed; Compare measures it.</p></details>"""
+<p class="sd-howto-defaults"><b>The defaults teach.</b> EAGLE-3's tree (the heads' trained tree where no EAGLE-3
+drafter is loaded) with prompt lookup merged into it, temperature 0.7, shown at 2 rounds/s: most rounds draw a
+tree with branches, and the model drafter, not only prompt lookup, makes most of the accepted drafts. The fastest
+settings (the heads' "auto" tree, pace "fast") are for speed; Compare measures it.</p></details>"""
 # On a phone the settings start folded, below the output (the how-to panel starts folded everywhere).
 HOW_TO_READ_JS = """if (window.innerWidth < 700) {  // a phone: the settings start folded, below the output
   let tries = 0;

@@ -41,6 +41,10 @@ DEFAULT_MODEL = ASSETS / "model"
 DEFAULT_HEADS = ASSETS / "heads"
 DEFAULT_EAGLE = ASSETS / "eagle3"
 SHIPPED = {"medusa": DEFAULT_HEADS, "eagle3": DEFAULT_EAGLE}  # the embedded model's drafters, by name
+# What `drafter="auto"` means on the embedded model, which ships both: the heads. EAGLE-3 drafts 1.5-1.6x the
+# tokens per target forward (scripts/eval_drafters.py), but on this 4-layer target its five sequential draft
+# steps cost more than a 16-node forward, and the heads' rounds measured faster at T=0.7 (BENCHMARKS.md).
+EMBEDDED_DRAFTER = "medusa"
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -267,8 +271,9 @@ def _load(model, heads, dev: torch.device, dtype, tokenizer, prefix_cache, cost_
     if eagle is not None and target.graphs is not None:
         log.warning("an EAGLE-3 drafter reads hidden states that captured graphs do not return: no CUDA graphs")
         target.graphs = None
+    both = head_mod is not None and eagle is not None and name == "embedded"
     engine = Engine(target, head_mod, tokenizer, tree_paths, prefix_cache, cost_cache=cost_cache or None,
-                    eagle=eagle, eagle_shape=eagle_shape)
+                    eagle=eagle, eagle_shape=eagle_shape, default_drafter=EMBEDDED_DRAFTER if both else None)
     return Loaded(hf_model, tokenizer, head_mod, tree_paths, engine, name, max_batch_size)
 
 

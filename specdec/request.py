@@ -120,6 +120,9 @@ class GenerationRequest:
                 f"attention layers with a window of {window} tokens that specdec decodes exactly only within the "
                 f"window: use max_new_tokens <= {max(window - len(ids), 0)} (or a shorter prompt)")
         drafter = engine.default_drafter if self.drafter == "auto" else self.drafter
+        if self.drafter == "auto" and engine.heads is not None and not (isinstance(self.tree, str) and self.tree in (
+                "auto", "trained", "none")):
+            drafter = "medusa"  # a static preset or rank paths: the heads' tree
         if isinstance(self.tree, str) and self.tree == "none":
             drafter = None  # prompt lookup alone
         if self.drafter == "medusa" and engine.heads is None:

@@ -343,3 +343,41 @@ def test_training_time_test_sees_what_an_inference_tree_node_sees(llama):
     # The negative control: step 1 reading the target's state instead of its own output differs.
     wrong = node_logits(d, s[1:6], feats[0, :5], [])
     assert not torch.allclose(steps[1][0, 5], wrong, atol=1e-3)
+
+
+def test_the_drafter_sees_the_same_context_solo_batched_and_chunked(models):
+    """The drafter's trees are a function of the committed context: a request decoded alone, in a batch whose
+    round 0 is shared, and with its prompt fed in chunks drafts the same trees (its feeding loses nothing)."""
+    model = models["llama"]
+    engine = eagle_engine(model, random_eagle(model, seed=7))
+    prompt = [(i * 37 + 11) % 128 for i in range(40)]
+    req = lambda p: GenerationRequest(p, 12, SamplingParams(temperature=0.0), eos_token_id=None)  # noqa: E731
+
+    def trees(events):
+        return [[n.token_id for n in e.nodes] for e in events]
+
+    solo = trees(engine.stream(req(prompt)))
+    assert sum(len(t) for t in solo) > 20
+    others = [PROMPTS[0] * 5, PROMPTS[1] * 3]
+    for chunk in (None, 8):
+        kw = {} if chunk is None else {"prefill_chunk": chunk}
+        with Scheduler(engine, max_batch_size=4, **kw) as sched:
+            tickets = [sched.submit(req(p)) for p in [prompt] + others]
+            got = [trees(t.result(timeout=60)) for t in tickets]
+            assert sched.idle(timeout=10)
+        assert got[0] == solo, chunk
+    # The negative control: a drafter that forgets the prompt drafts other trees.
+    from specdec import eagle as eagle_mod
+
+    forget = eagle_mod.EagleRun.add
+
+    def add(self, rows, tokens, position=None):
+        if position is not None:  # the prompt's rows
+            rows, tokens, position = rows[-1:], tokens[-1:] if len(tokens) == rows.shape[0] else [], position + rows.shape[0] - 1
+        forget(self, rows, tokens, position)
+
+    eagle_mod.EagleRun.add = add
+    try:
+        assert trees(engine.stream(req(prompt))) != solo
+    finally:
+        eagle_mod.EagleRun.add = forget
