@@ -12,6 +12,7 @@ from .plots import label
 from .replay import node_rule
 
 _VERDICT = {"root": "root", "accepted": "✓ accepted", "rejected": "✗ rejected", "not_reached": "· not tried"}
+_SOURCE = {"eagle3": "EAGLE-3", "heads": "heads", "lookup": "lookup", "root": "root"}
 
 
 def _prob(x: float | None) -> str:
@@ -30,7 +31,7 @@ def node_table_html(ev: RoundEvent | None) -> str:
         reason = node_rule(ev, i).split(": ", 1)
         why = html.escape(reason[-1] if len(reason) > 1 else "", quote=False)
         rows.append(f'<tr class="sd-node-{n.status}"><td>{i}</td><td class="sd-node-tok">{label(n.text, 24)}</td>'
-                    f"<td>{n.depth}</td><td>{n.source}</td><td>{_prob(n.draft_prob)}</td>"
+                    f"<td>{n.depth}</td><td>{_SOURCE.get(n.source, n.source)}</td><td>{_prob(n.draft_prob)}</td>"
                     f"<td>{_prob(n.target_prob)}</td><td>{_VERDICT[n.status]}</td><td>{why}</td></tr>")
     head = ("<tr><th>#</th><th>token</th><th>depth</th><th>drafter</th><th title=\"the drafter's probability\">q</th>"
             "<th title=\"the target's probability under its parent's law\">p</th><th>verdict</th><th>why</th></tr>")

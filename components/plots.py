@@ -182,8 +182,10 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
         custom = [[label(nodes[i].text, 40), nodes[i].depth, max(nodes[i].depth - 1, 0), nodes[i].rank,
                    _p(nodes[i].draft_prob), _p(nodes[i].target_prob), nodes[i].token_id, i, _rule(event, i)]
                   for i in idx]
+        who = ("EAGLE-3 · child rank %{customdata[3]}" if any(n.source == "eagle3" for n in nodes)
+               else "head %{customdata[2]} rank %{customdata[3]}")
         hover = ("<b>%{customdata[0]}</b> (id %{customdata[6]}, node %{customdata[7]})<br>"
-                 "depth %{customdata[1]} · head %{customdata[2]} rank %{customdata[3]}<br>"
+                 "depth %{customdata[1]} · " + who + "<br>"
                  "draft q = %{customdata[4]}<br>target p = %{customdata[5]}<br>%{customdata[8]}<extra>" +
                  STATUS_NAMES[status] + "</extra>")
         bold = status in ("root", "accepted")
@@ -236,7 +238,9 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
     kind = extra[-1].kind if extra else "none"
     rule = rule_label(event.acceptance)
     leaves = int(round(-min(ys))) + 1  # leaf rows are 0, -1, -2, ...
-    sub = [f"then a {kind} token · rule {rule}", "columns = depth (head = depth − 1) · bold = accepted path"]
+    columns = ("columns = depth (EAGLE-3: one step each)" if any(n.source == "eagle3" for n in nodes)
+               else "columns = depth (head = depth − 1)")
+    sub = [f"then a {kind} token · rule {rule}", f"{columns} · bold = accepted path"]
     if looked_up:
         got_lookup = sum(1 for i in path if i in lookup_set)
         match = event.extra.get("lookup_match")  # the longer the n-gram it follows, the likelier the chain

@@ -146,6 +146,12 @@ def test_generate_in_a_real_browser(url, browser):
         "() => [...document.querySelectorAll('#tree-plot .gtitle')].some(t => t.textContent.startsWith('Round 1:'))",
         timeout=30_000)
     assert "Round 1" in page.locator("#round-info").text_content()
+    # The page's default drafter is EAGLE-3: its tree is drawn, narrated, and its nodes listed with q and p.
+    assert page.locator("#tree").locator("input").input_value().startswith("EAGLE-3")
+    assert "EAGLE-3" in page.locator("#round-info").text_content()
+    rows = page.locator("#round-nodes tr")
+    assert rows.count() >= 3 and "EAGLE-3" in page.locator("#round-nodes").text_content()
+    assert "q" in page.locator("#round-nodes th").all_text_contents()
     settle(page)  # plotly's last redraw lands before the screenshot
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "app_browser.png"
