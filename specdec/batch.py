@@ -166,7 +166,8 @@ class Batch:
         if rest <= budget:
             return 0
         self._hook(m, "prefill")
-        hidden = self.engine.target.forward(torch.tensor(run.plan.ids[start : start + budget], dtype=torch.long), run.cache)
+        hidden = self.engine.target.forward(torch.tensor(run.plan.ids[start : start + budget], dtype=torch.long),
+                                            run.cache, taps=run.eagle is not None)
         self.engine.fed(run, hidden, start)
         return budget
 
@@ -262,13 +263,15 @@ class Batch:
         """The staged requests' prompt rests as causal chains in rows [lo, lo + len(live)) -> hidden [n_i, H]
         each; if the shared forward raises, each runs alone in its row, so a fault stays its own."""
         try:
-            rows = self.engine.target.forward_rows(self.cache, lo, tokens, [None] * len(live))  # [b, T, H]
+            taps = any(ms[i].run.eagle is not None for i in live)
+            rows = self.engine.target.forward_rows(self.cache, lo, tokens, [None] * len(live), taps)  # [b, T, H]
             out = {i: rows[j, : len(tokens[j])] for j, i in enumerate(live)}
         except Exception:  # noqa: BLE001 (the shared forward failed: retry each request alone)
             out = {}
             for j, i in enumerate(live):
                 try:
-                    out[i] = self.engine.target.forward_rows(self.cache, lo + j, [tokens[j]], [None])[0]
+                    out[i] = self.engine.target.forward_rows(self.cache, lo + j, [tokens[j]], [None],
+                                                             ms[i].run.eagle is not None)[0]
                 except Exception as e:  # noqa: BLE001
                     outcome[i] = None, Failure(cause_of("forward", e), "forward", ms[i].index, _message(e))
         return self._check_finite(ms, out, outcome)
@@ -351,7 +354,8 @@ class Batch:
         try:
             with torch.inference_mode():
                 t0 = time.perf_counter()
-                logits = self.engine.target.logits(torch.cat([hidden[i] for i in live]))  # [sum N_i, V]
+                H = self.engine.target.hidden_size  # rows with and without the drafter's states alike
+                logits = self.engine.target.logits(torch.cat([hidden[i][:, :H] for i in live]))  # [sum N_i, V]
                 rows_ms = (time.perf_counter() - t0) * 1e3
                 out = verify_greedy_batch([(drafts[i].tokens, drafts[i].tree) for i in live], logits)
         except Exception:  # noqa: BLE001 (each member then verifies alone, where a fault stays its own)
@@ -382,7 +386,8 @@ class Batch:
         try:
             for i in live:
                 self._hook(members[i], "forward")
-            rows = self.engine.target.forward_rows(self.cache, 0, tokens, trees)  # [b, T, H]
+            taps = any(members[i].run.eagle is not None for i in live)  # the drafter's states, for every row
+            rows = self.engine.target.forward_rows(self.cache, 0, tokens, trees, taps)  # [b, T, H]
             out = {i: rows[i, : len(tokens[i])] for i in live}
         except Exception:  # noqa: BLE001 (the shared forward failed: retry each request alone)
             out = {}
@@ -390,7 +395,8 @@ class Batch:
                 m = members[i]
                 try:
                     self._hook(m, "forward")
-                    out[i] = self.engine.target.forward_rows(self.cache, m.run.cache.row, [tokens[i]], [trees[i]])[0]
+                    out[i] = self.engine.target.forward_rows(self.cache, m.run.cache.row, [tokens[i]], [trees[i]],
+                                                             m.run.eagle is not None)[0]
                 except Exception as e:  # noqa: BLE001
                     outcome[i] = None, Failure(cause_of("forward", e), "forward", m.index, _message(e))
         return self._check_finite(members, out, outcome)

@@ -349,7 +349,8 @@ class Engine:
         """Step 2: one target forward of the round's nodes (round 0: the uncached prompt). -> [N, H]"""
         if draft is None:  # what the prefix cache (or a chunked prefill) has not already put in the buffer
             start = kv_cache.length(run.cache)
-            hidden = self.target.forward(torch.tensor(run.plan.ids[start:], dtype=torch.long), run.cache)
+            hidden = self.target.forward(torch.tensor(run.plan.ids[start:], dtype=torch.long), run.cache,
+                                         taps=run.eagle is not None)
             self.fed(run, hidden, start)
             # Never keep a NaN prompt: every request starting with it would fail. (The check's host sync is
             # the one round 0 makes anyway.) The last row attends to every slot, so it shows any NaN.
@@ -357,10 +358,11 @@ class Engine:
                 self.prefix_cache.insert(run.plan.ids, run.cache)
             return hidden[-1:]  # only the last position's row is verified
         tree = draft.tree
+        taps = run.eagle is not None
         if tree.num_nodes == 1:  # causal: HF's own masks, or the buffer's
-            return self.target.forward(torch.tensor(draft.tokens, dtype=torch.long), run.cache)
+            return self.target.forward(torch.tensor(draft.tokens, dtype=torch.long), run.cache, taps=taps)
         return self.target.forward(torch.tensor(draft.tokens, dtype=torch.long), run.cache, tree.ancestor_mask,
-                                   tree.depth_t)
+                                   tree.depth_t, taps=taps)
 
     def _verify(self, run: "RunState", draft: "Draft | None", hidden: torch.Tensor, params: SamplingParams,
                 clock: Stopwatch | None = None) -> Verdict:

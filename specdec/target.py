@@ -61,8 +61,9 @@ class TargetModel:
         self.exact_limit = self.window if self.window_mode == "bounded" else None
         # specdec's position-addressed buffer where the model's attention honours it; HF's growing cache else.
         self.graphs = None  # specdec.graphs.Graphs once `use_graphs` is called: captured forwards
-        # HF `hidden_states` indices an EAGLE-3 drafter reads (`use_taps`): every forward then returns
-        # [..., H + len(taps) * H], the last hidden state followed by those states.
+        # HF `hidden_states` indices an EAGLE-3 drafter reads (`use_taps`): a forward called with `taps=True`
+        # returns [..., H + len(taps) * H], the last hidden state followed by those states. Only the requests
+        # that draft with it ask: returning every layer's states costs other requests 10-20% on a CPU.
         self.taps: tuple[int, ...] | None = None
         self.slots = self._slots_work()
         ok, raised, why = self._trees_work()
@@ -80,7 +81,7 @@ class TargetModel:
         self.packed_rows = None  # specdec.packed.PackedProjection once `use_packed_rows` is called
 
     def use_taps(self, layers) -> None:
-        """From now on every forward also returns the hidden states entering these layers (HF
+        """The hidden states a forward called with `taps=True` also returns: those entering these layers (HF
         `output_hidden_states` indices, 0 = the embeddings), after the last hidden state on the last axis."""
         n = getattr(self.model.config, "num_hidden_layers", None)
         layers = tuple(int(i) for i in layers)
@@ -92,9 +93,9 @@ class TargetModel:
                              "load it without cuda_graphs")
         self.taps = layers
 
-    def _hidden(self, out) -> torch.Tensor:
-        """The base model's output rows: the last hidden state, then the tapped states (`use_taps`)."""
-        if self.taps is None:
+    def _hidden(self, out, taps: bool) -> torch.Tensor:
+        """The base model's output rows: the last hidden state, then with `taps` the tapped states (`use_taps`)."""
+        if not taps:
             return out.last_hidden_state
         states = out.hidden_states
         return torch.cat([out.last_hidden_state] + [states[i] for i in self.taps], -1)
@@ -265,14 +266,16 @@ class TargetModel:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache, tree_mask: torch.Tensor | None = None,
-                depth: torch.Tensor | None = None) -> torch.Tensor:
-        """Run T new tokens after the cached prefix; returns hidden states [T, H].
+                depth: torch.Tensor | None = None, taps: bool = False) -> torch.Tensor:
+        """Run T new tokens after the cached prefix; returns hidden states [T, H] ([T, 4H] with `taps`).
 
         Args:
             input_ids: [T] long.
             tree_mask: [T, T] bool ancestor mask, or None for plain causal attention.
             depth: [T] position offsets (tree depth), required with tree_mask.
+            taps: also return the states an EAGLE-3 drafter reads (`use_taps`).
         """
+        taps = taps and self.taps is not None
         if self.graphs is not None:
             hidden = self.graphs.forward(input_ids, cache, tree_mask, depth)
             if hidden is not None:
@@ -282,13 +285,13 @@ class TargetModel:
         hides = kv_cache.hides_slots(cache)
         pos, kwargs = self._inputs(T, past, kv_cache.mask_width(cache, T), tree_mask, depth, hides)
         out = self.base(input_ids=input_ids.to(self.device)[None], position_ids=pos[None],
-                        **{self.cache_arg: cache}, use_cache=True, output_hidden_states=self.taps is not None, **kwargs)
+                        **{self.cache_arg: cache}, use_cache=True, output_hidden_states=taps, **kwargs)
         kv_cache.advance(cache, T)
-        return self._hidden(out)[0]
+        return self._hidden(out, taps)[0]
 
     @torch.inference_mode()
     def forward_rows(self, cache: kv_cache.BatchCache, lo: int, tokens: list[list[int]],
-                     trees: list[tuple[torch.Tensor, torch.Tensor] | None]) -> torch.Tensor:
+                     trees: list[tuple[torch.Tensor, torch.Tensor] | None], taps: bool = False) -> torch.Tensor:
         """One forward of several requests' trees, each after its own prefix in its own row; -> [b, T, H].
 
         Request i runs in row lo + i at that row's committed length, with its own positions and mask
@@ -299,13 +302,15 @@ class TargetModel:
         Args:
             tokens: [b][N_i] each request's node tokens, root first.
             trees: per request, (ancestor mask [N_i, N_i] bool, depth [N_i]), or None for a causal chain.
+            taps: also return the states an EAGLE-3 drafter reads, for every row (`forward`).
         """
+        taps = taps and self.taps is not None
         if self.graphs is not None:
             hidden = self.graphs.forward_rows(cache, lo, tokens, trees)
             if hidden is not None:
                 return hidden
         if len(tokens) == 1 and not cache.fixed_shapes:
-            return self._forward_row(cache, lo, tokens[0], trees[0])
+            return self._forward_row(cache, lo, tokens[0], trees[0], taps)
         b, T = len(tokens), max(len(t) for t in tokens)
         width = cache.begin(lo, b, T)
         past = torch.tensor(cache.starts)  # [b]
@@ -335,11 +340,11 @@ class TargetModel:
         else:
             mask = mask.to(self.device)
         out = self.base(input_ids=ids.to(self.device), position_ids=pos.to(self.device), **{self.cache_arg: cache},
-                        use_cache=True, attention_mask=mask, output_hidden_states=self.taps is not None)
-        return self._hidden(out)  # [b, T, H]
+                        use_cache=True, attention_mask=mask, output_hidden_states=taps)
+        return self._hidden(out, taps)  # [b, T, H]
 
     def _forward_row(self, cache: kv_cache.BatchCache, row: int, tokens: list[int],
-                     tree: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+                     tree: tuple[torch.Tensor, torch.Tensor] | None, taps: bool = False) -> torch.Tensor:
         """`forward_rows` for one request over the slots in use: `forward`'s masks, not a batch's. -> [1, T, H]
 
         A lone request needs no padding, so its round is the one its own buffer would run: HF's causal
@@ -351,8 +356,8 @@ class TargetModel:
         width = cache.begin(row, 1, T)
         pos, kwargs = self._inputs(T, cache.starts[0], width, *(tree or (None, None)), hides_slots=False)
         out = self.base(input_ids=torch.tensor([tokens], device=self.device), position_ids=pos[None],
-                        **{self.cache_arg: cache}, use_cache=True, output_hidden_states=self.taps is not None, **kwargs)
-        return self._hidden(out)  # [1, T, H]
+                        **{self.cache_arg: cache}, use_cache=True, output_hidden_states=taps, **kwargs)
+        return self._hidden(out, taps)  # [1, T, H]
 
     def _inputs(self, T: int, past: int, width: int, tree_mask: torch.Tensor | None, depth: torch.Tensor | None,
                 hides_slots: bool) -> tuple[torch.Tensor, dict]:
@@ -400,8 +405,7 @@ class TargetModel:
         rounds reading the lm_head too kept two 3 MB copies of one weight taking turns in the cache
         (embedded model, T = 1.0: its plain rounds' rows took 0.27 ms, against 0.14 ms packed).
         """
-        if self.taps is not None:
-            hidden = hidden[..., : self.hidden_size]
+        hidden = hidden[..., : self.hidden_size]  # without the states an EAGLE-3 drafter reads
         rows = hidden.reshape(-1, hidden.shape[-1]) if hidden.dim() <= 2 else None  # [M, H]; batches: the head
         if self.packed_rows is not None and rows is not None and (pack_one or rows.shape[0] > 1):
             x = self.packed_rows(rows).reshape(*hidden.shape[:-1], -1)

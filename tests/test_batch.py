@@ -203,8 +203,8 @@ def round0_spy(target) -> list[list[int]]:
     are staged shortest rest first)."""
     seen, real = [], target.forward_rows
 
-    def forward_rows(cache, lo, tokens, trees):
-        out = real(cache, lo, tokens, trees)  # recorded once it returned: a fallback to one row each is not shared
+    def forward_rows(cache, lo, tokens, trees, taps=False):
+        out = real(cache, lo, tokens, trees, taps)  # recorded once it returned: a fallback to one row each is not shared
         if len(tokens) > 1 and all(t is None for t in trees) and max(map(len, tokens)) > 1:
             seen.append([len(t) for t in tokens])
         return out

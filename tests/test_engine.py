@@ -178,11 +178,11 @@ def test_context_length_is_never_exceeded(arch, monkeypatch):
     seen = []
     real = TargetModel.forward
 
-    def spy(self, input_ids, cache, tree_mask=None, depth=None):
+    def spy(self, input_ids, cache, tree_mask=None, depth=None, taps=False):
         past = specdec.kv_cache.length(cache)
         top = past + (int(depth.max()) if depth is not None else input_ids.shape[0] - 1)
         seen.append(top)
-        return real(self, input_ids, cache, tree_mask, depth)
+        return real(self, input_ids, cache, tree_mask, depth, taps)
 
     monkeypatch.setattr(TargetModel, "forward", spy)
     for kw in (dict(tree="default"), dict(speculative=False)):

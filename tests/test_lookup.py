@@ -122,10 +122,10 @@ def test_lookup_respects_max_new_tokens_and_context(repetitive, monkeypatch):
     from specdec.target import TargetModel
     seen, real = [], TargetModel.forward
 
-    def spy(self, input_ids, cache, tree_mask=None, depth=None):
+    def spy(self, input_ids, cache, tree_mask=None, depth=None, taps=False):
         past = specdec.kv_cache.length(cache)
         seen.append(past + (int(depth.max()) if depth is not None else input_ids.shape[0] - 1))
-        return real(self, input_ids, cache, tree_mask, depth)
+        return real(self, input_ids, cache, tree_mask, depth, taps)
 
     monkeypatch.setattr(TargetModel, "forward", spy)
     ctx = model.config.max_position_embeddings
