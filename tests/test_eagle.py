@@ -381,3 +381,70 @@ def test_the_drafter_sees_the_same_context_solo_batched_and_chunked(models):
         assert trees(engine.stream(req(prompt))) != solo
     finally:
         eagle_mod.EagleRun.add = forget
+
+
+# -- the law, by chi-square ------------------------------------------------------------------------------
+
+def eagle_counts(model, n: int, seed0: int, drafter) -> tuple:
+    """Counts of (t2, t3), the first two tokens of the first drafted round, with an EAGLE-3 drafter."""
+    import numpy as np
+
+    import test_lossless as tl
+
+    engine = eagle_engine(model, drafter)
+    counts, accepted, prompt = np.zeros((tl.V, tl.V)), [], tl.CONTEXT + [tl.ROOT]
+    for i in range(n):
+        req = GenerationRequest(prompt, 4, tl.PARAMS.replace(seed=seed0 + i), eos_token_id=None, drafter="eagle3")
+        events = list(engine.stream(req))
+        toks = [t.token_id for e in events for t in e.emitted]
+        assert len(toks) == 4 and events[1].nodes
+        accepted.append(len(events[1].accepted_path) - 1)
+        counts[toks[1], toks[2]] += 1
+    return counts, np.array(accepted)
+
+
+@pytest.fixture(scope="module")
+def small():
+    """test_lossless's 10-token model, its exact law of (t2, t3), and a random EAGLE-3 drafter for it."""
+    import test_lossless as tl
+
+    model = make_model("llama", vocab=tl.V, seed=3, init=0.2)
+    prompt = tl.CONTEXT + [tl.ROOT]
+    p1 = tl.exact_law(model, prompt)
+    joint = sum(p1[a] * tl.exact_joint(model, prompt + [a]) for a in range(tl.V) if p1[a] > 0)
+    return model, joint, random_eagle(model, seed=11, std=0.5)
+
+
+@pytest.mark.slow
+def test_eagle_trees_keep_the_law(small):
+    """Lossless sampling over EAGLE-2 trees (deep, ranks with gaps, grown from a sampled root)."""
+    import test_lossless as tl
+
+    model, joint, drafter = small
+    counts, accepted = eagle_counts(model, tl.N_ENGINE, 70_000, drafter)
+    assert (accepted >= 1).mean() > 0.2 and (accepted >= 2).mean() > 0.05  # drafts land at depth 1 and 2
+    tl.assert_follows(counts, joint, "engine, EAGLE-3 trees")
+
+
+@pytest.mark.slow
+def test_eagle_negative_control_a_tree_forward_that_sees_siblings(small, monkeypatch):
+    """The planted bug: EAGLE-3 rounds run the target over the tree as a causal chain (every node sees the nodes
+    before it, siblings included). The law must then fail."""
+    import test_lossless as tl
+
+    from dataclasses import replace
+
+    model, joint, drafter = small
+    real = Engine._forward
+
+    def chain(self, run, draft):
+        if draft is not None and draft.tree.num_nodes > 1:
+            n = draft.tree.num_nodes
+            draft = replace(draft, tree=replace(draft.tree, ancestor_mask=torch.ones(n, n, dtype=torch.bool).tril_()))
+        return real(self, run, draft)
+
+    monkeypatch.setattr(Engine, "_forward", chain)
+    counts, _ = eagle_counts(model, tl.N_CONTROL, 70_000, drafter)
+    p = tl.chi2_pvalue(counts, joint)
+    print(f"\n[EAGLE-3] siblings-visible control p = {p:.4g}")
+    assert p < tl.FAIL_P
