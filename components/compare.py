@@ -9,35 +9,61 @@ from .gate import ModelGate
 from .race import race_markdown
 from .session import Session
 from .tokens import render_round
-from .updates import Throttle, prompt_html
+from .updates import Throttle, prompt_html, user_error
 
-COMPARE_HINT = "**Compare**: race speculative against plain decoding, side by side, and see why one wins."
+COMPARE_HINT = ("**Compare**: race speculative against plain decoding (or against another drafter), side by side, "
+                "and see why one wins.")
+
+
+def lane_name(tree: str, heads: bool) -> str:
+    """A lane's drafter and tree in words, from the drafter-and-tree menu's value."""
+    if tree == "eagle3":
+        return "EAGLE-3"
+    if tree == "none" or not heads:
+        return "prompt lookup alone" if tree == "none" else f"prompt lookup ({tree} tree)"
+    return "heads, dynamic tree" if tree == "auto" else f"heads, {tree} tree"
 
 
 class RaceView:
     gate: ModelGate
 
     def compare(self, prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree, acceptance, lookup,
-                lookup_mode, chat, session: Session):
-        """Race speculative against plain decoding with identical settings and seed; explain the ratio.
+                lookup_mode, chat, versus, session: Session):
+        """Race speculative decoding against plain decoding, or against another drafter and tree (`versus`, a
+        value of the drafter-and-tree menu), with identical settings and seed; explain the ratio.
 
         Both lanes advance on one engine clock: the lane that has used less engine time runs the
         next round, so the two panes grow as fast as each decoder really is."""
+        values = [v for _, v in self.tree_choices]
+        if versus != "plain" and versus not in values:
+            raise user_error(ValueError(f"`versus` must be 'plain' or one of {values}, got {versus!r}"))
         settings, ids = self.validate(prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, tree,
                                       acceptance, True, lookup, lookup_mode, chat)
+        other = None
+        if versus != "plain":
+            other, _ = self.validate(prompt, temperature, top_k, top_p, min_p, max_new_tokens, seed, versus,
+                                     acceptance, True, lookup, lookup_mode, chat)
         run = session.start_run(prompt, ids, settings, main=False, chat=chat)
         params = settings.sampling_params(run.seed)
         stop = session.should_stop(run)
         lanes = {spec: {"events": [], "seconds": 0.0, "html": prompt_html(prompt), "prev": None, "done": False}
                  for spec in (True, False)}
         how = f" (prompt lookup {settings.lookup}, {settings.lookup_mode})" if settings.lookup else ""
+        heads = bool(self.gate.info["heads"])
+        names = (("speculative" + how, "plain decoding") if other is None
+                 else (lane_name(settings.tree, heads) + how, lane_name(other.tree, heads) + how))
+
+        def request(lane: bool, n: int | None = None):
+            if lane or other is None:
+                return settings.request(ids, params, lane, n)
+            return other.request(ids, params, True, n)
 
         def view(done: bool) -> tuple:
             s, b = lanes[True], lanes[False]
             md = race_markdown(s["events"], s["seconds"], b["events"], b["seconds"], done=done,
                                max_new_tokens=settings.max_new_tokens, greedy=params.greedy,
                                acceptance=settings.acceptance, device=self.gate.device_name,
-                               temperature=params.temperature, how=how)
+                               temperature=params.temperature, names=names, drafters=other is not None)
             return md, s["html"], b["html"]
 
         streams = {}
@@ -49,11 +75,11 @@ class RaceView:
             warm = settings.max_new_tokens if cuda else min(4, settings.max_new_tokens)
             yield "Warming up both decoders…", "", ""
             for spec in (True, False):
-                s = self.gate.stream(settings.request(ids, params, spec, warm), solo=True, should_stop=stop)
+                s = self.gate.stream(request(spec, warm), solo=True, should_stop=stop)
                 while self.gate.step(s)[0] is not None:
                     pass
             for spec in (True, False):
-                streams[spec] = self.gate.stream(settings.request(ids, params, spec), solo=True, should_stop=stop)
+                streams[spec] = self.gate.stream(request(spec), solo=True, should_stop=stop)
             tick = Throttle(0.3)
             while not all(lane["done"] for lane in lanes.values()) and not run.stopped:
                 spec = min((k for k in lanes if not lanes[k]["done"]), key=lambda k: lanes[k]["seconds"])

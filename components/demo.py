@@ -150,7 +150,7 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
         cmp_btn.click(lambda: gr.Row(visible=True), None, race.row, queue=False, api_visibility="private",
                       js=SCROLL_TO_RACE_JS)
         cmp = cmp_btn.click(h.replace, [session], None, **new_run).then(
-            gpu(h.compare), cmp_controls + [session], [race.md, race.spec, race.base], api_name="compare",
+            gpu(h.compare), cmp_controls + [c.versus, session], [race.md, race.spec, race.base], api_name="compare",
             api_description=API["compare"], show_progress="minimal", preprocess=False, trigger_mode="multiple",
             **model_queue)
         replays = [btn.click(fn, [rounds.slider, session], round_outputs + [len_plot], api_visibility="private",

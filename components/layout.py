@@ -93,6 +93,9 @@ def settings_panel(d: Settings, tree_choices: list[tuple[str, str]]) -> SimpleNa
             speculative = gr.Checkbox(d.speculative, label="speculation (off = plain decoding baseline)",
                                       elem_id="speculative")
             tree = gr.Dropdown(tree_choices, value=d.tree, label="drafter and tree", elem_id="tree")
+            versus = gr.Dropdown([("plain decoding (the baseline)", "plain")] + tree_choices, value="plain",
+                                 label="Compare races against", elem_id="versus",
+                                 info="plain decoding, or another drafter and tree (same prompt, settings and seed)")
             lookup = gr.Slider(0, LOOKUP_MAX, d.lookup, step=1, precision=0, label="prompt lookup tokens",
                                info="drafted per round by copying what followed the last occurrence "
                                     "of the context's final n-gram; 0 = off", elem_id="lookup")
@@ -105,7 +108,7 @@ def settings_panel(d: Settings, tree_choices: list[tuple[str, str]]) -> SimpleNa
                                   elem_id="acceptance")
     return SimpleNamespace(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, max_new=max_new,
                            seed=seed, speculative=speculative, tree=tree, lookup=lookup, lookup_mode=lookup_mode,
-                           acceptance=acceptance)
+                           acceptance=acceptance, versus=versus)
 
 
 def node_table() -> gr.HTML:

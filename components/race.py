@@ -72,32 +72,63 @@ def explain(spec_events: list[RoundEvent], base_events: list[RoundEvent], ratio:
             f"{why}. It needs more than {cost:.2f} tokens per forward to win, so this round mix loses.{hint}")
 
 
+def explain_drafters(a_events: list[RoundEvent], b_events: list[RoundEvent], a: str, b: str) -> str:
+    """Why one drafter beat another: tokens per forward against what a round costs, in the run's own numbers."""
+    def numbers(events):
+        dec = decode_rounds(events)
+        if not dec:
+            return None
+        total = sum(ev.timings.get("total", 0.0) for ev in dec)
+        draft = sum(ev.timings.get("draft", 0.0) for ev in dec)
+        tokens = sum(len(ev.emitted) for ev in dec)
+        return tokens / len(dec), total / len(dec), draft / total if total else 0.0, tokens / total if total else 0.0
+
+    x, y = numbers(a_events), numbers(b_events)
+    if x is None or y is None:
+        return ""
+    lane = lambda name, n: (f"**{name}** made {n[0]:.2f} tokens per target forward in rounds of {n[1]:.1f} ms "  # noqa: E731
+                            f"({n[2]:.0%} of it drafting): {n[3]:.2f} tokens per ms")
+    won = a if x[3] >= y[3] else b
+    return (f"**Why {won} won:** {lane(a, x)}; {lane(b, y)}. More tokens per forward win only when the rounds "
+            "that draft them do not cost more in proportion.")
+
+
 def identity_line(spec_events: list[RoundEvent], base_events: list[RoundEvent], greedy: bool,
-                  acceptance: str) -> str:
-    """Greedy: the two texts must be identical. Sampling: they need not be. Typical: lossy."""
+                  acceptance: str, drafters: bool = False) -> str:
+    """Greedy and seeded lossless sampling: the two texts are identical (a seed fixes each position's draw).
+    Typical acceptance: lossy."""
     s_ids = [t.token_id for ev in spec_events for t in ev.emitted]
     b_ids = [t.token_id for ev in base_events for t in ev.emitted]
     if greedy:
         if s_ids == b_ids:
-            return "✓ **identical** texts (greedy: speculative decoding must reproduce the baseline exactly)"
+            return ("✓ **identical** texts (greedy: " + ("both drafters must reproduce plain greedy exactly)" if drafters
+                    else "speculative decoding must reproduce the baseline exactly)"))
         k = next((i for i, (x, y) in enumerate(zip(s_ids, b_ids)) if x != y), min(len(s_ids), len(b_ids)))
         return (f"✗ texts **differ** from token {k} (greedy should match exactly; in fp16/bf16 tiny numeric "
                 "differences between a tree forward and a single-token forward can flip a tie)")
     if is_lossy(acceptance):
         return f"{acceptance} acceptance is **LOSSY**: the output no longer follows the target distribution"
-    return "sampling: the two texts need not match; lossless verification means both follow the same distribution"
+    if s_ids == b_ids:
+        return ("✓ **identical** texts (lossless sampling with one seed: the seed fixes each position's draw, so "
+                "speculation emits the very tokens plain sampling draws)")
+    return ("the texts differ (each follows the target's law; with one seed they match unless a tie between a tree "
+            "forward's and a one-token forward's rounding flipped a draw)")
 
 
 def race_markdown(spec_events: list[RoundEvent], spec_s: float, base_events: list[RoundEvent], base_s: float,
                   *, done: bool, max_new_tokens: int, greedy: bool, acceptance: str, device: str = "CPU",
-                  temperature: float = 0.0, how: str = "") -> str:
-    """The race table (live while running), then the measured ratio and its explanation when both finished."""
+                  temperature: float = 0.0, how: str = "", names: tuple[str, str] | None = None,
+                  drafters: bool = False) -> str:
+    """The race table (live while running), then the measured ratio and its explanation when both finished.
+
+    `names`: the two lanes' names; `drafters`: the second lane is another drafter, not plain decoding.
+    """
     s, b = lane_numbers(spec_events, spec_s), lane_numbers(base_events, base_s)
 
     def cell(x, fmt):
         return "–" if x is None else format(x, fmt)
 
-    rows = [("speculative" + how, s), ("plain decoding", b)]
+    rows = list(zip(names or ("speculative" + how, "plain decoding"), (s, b)))
     table = ("| | tokens | wall time (s) | target forwards | tokens / forward | tok/s |\n"
              "|---|---|---|---|---|---|\n" +
              "".join(f"| {name} | {n['tokens']}/{max_new_tokens} | {n['seconds']:.2f} | {n['forwards']} | "
@@ -107,6 +138,13 @@ def race_markdown(spec_events: list[RoundEvent], spec_s: float, base_events: lis
         return "**Race running…** (both lanes share one engine clock: engine time only)\n\n" + table
     ratio = race_ratio(s, b)
     head = "n/a" if ratio is None else f"{ratio:.2f}×"
+    if drafters:
+        a, z = rows[0][0], rows[1][0]
+        verdict = "" if ratio is None else (f" ({a} faster)" if ratio >= 1 else f" ({z} faster)")
+        return (f"**Measured ratio {head}**{verdict}: {a} tok/s ÷ {z} tok/s (same prompt, settings and seed; "
+                f"engine time after an untimed warm-up, UI excluded).\n\n{table}\n"
+                f"{explain_drafters(spec_events, base_events, a, z)}\n\n"
+                f"{identity_line(spec_events, base_events, greedy, acceptance, drafters=True)}.")
     verdict = "" if ratio is None else (" (faster)" if ratio >= 1 else " (**slower**: below 1)")
     return (f"**Measured ratio {head}**{verdict}: speculative tok/s ÷ plain tok/s (same prompt, settings and "
             f"seed; engine time after an untimed warm-up, UI excluded).\n\n{table}\n"

@@ -55,9 +55,10 @@ API = {
                 "'greedy' or 'typical' (lossy); speculative (false = plain decoding); lookup 0-64 prompt-lookup "
                 "tokens per round; lookup_mode 'first' or 'merge'; chat (wrap the prompt with the model's chat "
                 "template). Rounds stream as fast as the engine makes them. The last output is a JSON record of the round.",
-    "compare": "Race speculative against plain decoding on the same prompt, settings and seed. Same inputs as "
-               "/generate, less `speculative`. Returns the race table with the measured ratio and its "
-               "explanation, then both texts as HTML.",
+    "compare": "Race speculative decoding against plain decoding, or against another drafter and tree, on the same "
+               "prompt, settings and seed. Same inputs as /generate, less `speculative`, then `versus`: 'plain' "
+               "(default) or a value of the drafter-and-tree menu (`tree`'s choices). Returns the race table with "
+               "the measured ratio and its explanation, then both texts as HTML.",
     "stop": "Stop this client's running generation or race within one round.",
     "set_sampling": "Retune temperature, top_k, top_p and min_p live (a running generation applies them from its "
                     "next round) and return the sampler view at the current position.",

@@ -324,9 +324,9 @@ CONTROLS = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, max_new_tokens=1
                 acceptance="lossless", speculative=True, lookup=DEFAULT_LOOKUP, lookup_mode="first", chat=False)
 
 
-def race_controls(**change) -> list:
-    """Compare's inputs: the controls less `speculative` (a race always runs both)."""
-    return [v for k, v in {**CONTROLS, **change}.items() if k != "speculative"]
+def race_controls(versus: str = "plain", **change) -> list:
+    """Compare's inputs: the controls less `speculative` (a race always runs both), then what it races against."""
+    return [v for k, v in {**CONTROLS, **change}.items() if k != "speculative"] + [versus]
 
 
 def chat_loaded(handlers):
