@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .draft_tree import Tree, build_tree
+from .draft_tree import build_tree
+from .drafter import Proposal
 
 SOURCE = "eagle3"  # events name this drafter's nodes so
 
@@ -286,15 +287,26 @@ class Shape:
                 raise ValueError(f"`{name}` must be an integer >= {lo}, got {v!r}")
 
 
-@dataclass(frozen=True)
-class EagleTree:
-    tree: Tree
-    tokens: list[int]  # [N] target ids, root first
-    q: list[float | None]  # [N] draft probabilities (None at the root)
+class Eagle3Drafter:
+    """The EAGLE-3 drafter behind the `drafter.Drafter` interface: one model, one tree shape, an `EagleRun`
+    per request (which the engine feeds with the target's tapped states as positions are committed)."""
+
+    source = SOURCE
+
+    def __init__(self, model: Eagle3, shape: "Shape | None" = None) -> None:
+        self.model = model
+        self.shape = shape or Shape()
+
+    def start(self) -> EagleRun:
+        return EagleRun()
+
+    def propose(self, state: EagleRun, root: int, room: int) -> Proposal | None:
+        s = self.shape
+        return draft(self.model, state, root, s.budget, min(s.depth, room), s.top_k)
 
 
 @torch.inference_mode()
-def draft(model: Eagle3, run: EagleRun, root: int, budget: int, depth: int, top_k: int) -> EagleTree | None:
+def draft(model: Eagle3, run: EagleRun, root: int, budget: int, depth: int, top_k: int) -> Proposal | None:
     """Catch the drafter up on the committed positions, then grow an EAGLE-2 tree of at most `budget`
     drafted nodes (root excluded) and `depth` levels under `root`, the token the target emitted last.
 
@@ -351,7 +363,7 @@ def _children(model: Eagle3, logits: torch.Tensor, nodes: list[int], tokens, par
     return out
 
 
-def _rerank(tokens, parents, depths, qs, scores, budget) -> EagleTree:
+def _rerank(tokens, parents, depths, qs, scores, budget) -> Proposal:
     order = sorted(range(1, len(tokens)), key=lambda i: (-scores[i], depths[i], i))[:budget]
     keep = set(order)
     path: dict[int, tuple] = {0: ()}
@@ -364,7 +376,7 @@ def _rerank(tokens, parents, depths, qs, scores, budget) -> EagleTree:
     tree = build_tree(tuple(path[i] for i in keep))
     at = {path[i]: i for i in keep}
     nodes = [at[p] for p in tree.paths[1:]]
-    return EagleTree(tree, [tokens[0]] + [tokens[i] for i in nodes], [None] + [qs[i] for i in nodes])
+    return Proposal(tree, [tokens[0]] + [tokens[i] for i in nodes], [None] + [qs[i] for i in nodes], SOURCE)
 
 
 def feed(model: Eagle3, run: EagleRun) -> None:

@@ -67,7 +67,7 @@ class Engine:
         self.target = target
         self.heads = heads
         self.eagle = eagle
-        self.eagle_shape = eagle_shape or eagle_mod.Shape()
+        self.eagle_drafter = eagle_mod.Eagle3Drafter(eagle, eagle_shape) if eagle is not None else None
         if eagle is not None:
             target.use_taps(eagle.config.layers)
         if default_drafter not in (None, "medusa", "eagle3") or (default_drafter == "medusa" and heads is None) \
@@ -156,9 +156,9 @@ class Engine:
             "context": self.target.max_length,  # None: no limit known
             "heads": self.heads.config.num_heads if self.heads is not None else 0,
             # the EAGLE-3 drafter's shipped tree: nodes (root included), levels, children per node; None: not loaded
-            "eagle3": None if self.eagle is None else {"nodes": self.eagle_shape.budget + 1,
-                                                       "depth": self.eagle_shape.depth,
-                                                       "top_k": self.eagle_shape.top_k},
+            "eagle3": None if self.eagle is None else {"nodes": self.eagle_drafter.shape.budget + 1,
+                                                       "depth": self.eagle_drafter.shape.depth,
+                                                       "top_k": self.eagle_drafter.shape.top_k},
             "default_drafter": self.default_drafter,
             # what the heads' vocabulary projections are stored in (on a CPU, measured at load: `specdec.load`)
             "heads_dtype": str(self.heads.projection_dtype).replace("torch.", "") if self.heads is not None else None,
@@ -264,7 +264,7 @@ class Engine:
         return RunState(plan, cache, hit, seed, position_uniforms(seed, outputs),
                         IncrementalDecoder(self.tokenizer), ngram, limit=target.max_length or 1 << 62, policy=policy,
                         costs=[] if self._cost_learns and self._cost is not None else None,
-                        eagle=eagle_mod.EagleRun() if plan.drafter == "eagle3" else None)
+                        eagle=self.eagle_drafter.start() if plan.drafter == "eagle3" else None)
 
     # -- the four steps -----------------------------------------------------------
     def _draft(self, run: "RunState", params: SamplingParams) -> "Draft":
@@ -327,8 +327,7 @@ class Engine:
         """Step 1 with the EAGLE-3 drafter: its EAGLE-2 tree, a lookup chain grafted in or ("first") alone."""
         tree, tokens, q = ROOT_ONLY, [run.pending], [None]
         if not (chain and run.plan.request.lookup_mode == "first"):
-            shape = self.eagle_shape
-            grown = eagle_mod.draft(self.eagle, run.eagle, run.pending, shape.budget, min(shape.depth, room), shape.top_k)
+            grown = self.eagle_drafter.propose(run.eagle, run.pending, room)
             if grown is not None:
                 tree, tokens, q = grown.tree, grown.tokens, grown.q
         if chain:
@@ -336,7 +335,7 @@ class Engine:
             q = q + [None] * (len(tokens) - len(q))
         if tree.num_nodes == 1:
             return Draft(ROOT_ONLY, [run.pending], [None], drafted=False)
-        return Draft(tree, tokens, q, drafted=True, match=match if chain else 0, source=eagle_mod.SOURCE)
+        return Draft(tree, tokens, q, drafted=True, match=match if chain else 0, source=self.eagle_drafter.source)
 
     def fed(self, run: "RunState", hidden: torch.Tensor, start: int) -> None:
         """Prompt rows [n, ...] from position `start` were just computed: the EAGLE-3 drafter reads their
