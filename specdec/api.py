@@ -10,8 +10,6 @@ from typing import Callable
 
 import torch
 
-import logging
-
 from . import cost, eagle_io, hub
 from .eagle import Eagle3
 from .engine import Engine
@@ -26,7 +24,6 @@ from .stats import summarize
 from .target import TargetModel
 from .threads import off_the_callers_thread
 
-log = logging.getLogger(__name__)
 
 
 def _assets_dir() -> Path:
@@ -268,9 +265,6 @@ def _load(model, heads, dev: torch.device, dtype, tokenizer, prefix_cache, cost_
             head_mod.store_projections(cost.fastest_projection_dtype(target, head_mod, rows=max_batch_size))
     if cost_cache is True:
         cost_cache = os.environ.get("SPECDEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "specdec")
-    if eagle is not None and target.graphs is not None:
-        log.warning("an EAGLE-3 drafter reads hidden states that captured graphs do not return: no CUDA graphs")
-        target.graphs = None
     both = head_mod is not None and eagle is not None and name == "embedded"
     engine = Engine(target, head_mod, tokenizer, tree_paths, prefix_cache, cost_cache=cost_cache or None,
                     eagle=eagle, eagle_shape=eagle_shape, default_drafter=EMBEDDED_DRAFTER if both else None)

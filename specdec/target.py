@@ -88,9 +88,6 @@ class TargetModel:
         if n is not None and not all(0 <= i <= n for i in layers):
             raise ValueError(f"the drafter reads the target's hidden states {layers}, but "
                              f"{type(self.model).__name__} has {n} layers (indices 0..{n})")
-        if self.graphs is not None:
-            raise ValueError("an EAGLE-3 drafter reads hidden states that captured graphs do not return: "
-                             "load it without cuda_graphs")
         self.taps = layers
 
     def _hidden(self, out, taps: bool) -> torch.Tensor:
@@ -116,9 +113,6 @@ class TargetModel:
         """
         from .graphs import Graphs
 
-        if self.taps is not None:
-            log.warning("an EAGLE-3 drafter reads hidden states that captured graphs do not return: no CUDA graphs")
-            return False
         if not self.slots:
             log.warning("%s uses HF's DynamicCache, whose shapes change every round: no CUDA graphs",
                         type(self.model).__name__)
@@ -276,7 +270,7 @@ class TargetModel:
             taps: also return the states an EAGLE-3 drafter reads (`use_taps`).
         """
         taps = taps and self.taps is not None
-        if self.graphs is not None:
+        if self.graphs is not None and not taps:  # a captured forward returns the last hidden state alone
             hidden = self.graphs.forward(input_ids, cache, tree_mask, depth)
             if hidden is not None:
                 return hidden
@@ -305,7 +299,7 @@ class TargetModel:
             taps: also return the states an EAGLE-3 drafter reads, for every row (`forward`).
         """
         taps = taps and self.taps is not None
-        if self.graphs is not None:
+        if self.graphs is not None and not taps:
             hidden = self.graphs.forward_rows(cache, lo, tokens, trees)
             if hidden is not None:
                 return hidden

@@ -448,3 +448,29 @@ def test_eagle_negative_control_a_tree_forward_that_sees_siblings(small, monkeyp
     p = tl.chi2_pvalue(counts, joint)
     print(f"\n[EAGLE-3] siblings-visible control p = {p:.4g}")
     assert p < tl.FAIL_P
+
+
+def test_captured_graphs_serve_the_heads_while_eagle_rounds_run_eagerly(models):
+    """With CUDA graphs (their CPU stand-in), a model holding both drafters replays captured forwards for the
+    heads' requests and runs EAGLE-3's rounds (which need the tapped states) eagerly; both stay exact, alone
+    and sharing a batch."""
+    model = models["llama"]
+    loaded = specdec.load(model, heads="random", device="cpu")
+    target = loaded.engine.target
+    assert target.use_graphs("recorded")
+    engine = Engine(target, loaded.heads, eagle=random_eagle(model, seed=2), default_drafter="medusa")
+    replays = []
+    real = target.graphs.forward
+    target.graphs.forward = lambda *a: replays.append(1) or real(*a)
+    want = {tuple(p): hf_greedy(model, p, N) for p in PROMPTS}
+    for drafter in ("medusa", "eagle3"):
+        replays.clear()
+        for p in PROMPTS:
+            assert greedy(engine, p, drafter=drafter, tree="trained" if drafter == "eagle3" else "default") == want[tuple(p)]
+        assert (len(replays) > 0) == (drafter == "medusa"), drafter
+    reqs = [GenerationRequest(p, N, SamplingParams(temperature=0.0), eos_token_id=None, drafter=d)
+            for p in PROMPTS for d in ("medusa", "eagle3")]
+    with Scheduler(engine, max_batch_size=4) as sched:
+        got = [[t.token_id for e in t_.result(timeout=60) for t in e.emitted] for t_ in [sched.submit(r) for r in reqs]]
+        assert sched.idle(timeout=10)
+    assert got == [want[tuple(r.prompt_ids)] for r in reqs]
