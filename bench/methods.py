@@ -83,6 +83,11 @@ METHODS = (
            "trained", lookup=True, lookup_mode="merge", drafter="eagle3"),
     Method("eagle_lookup_sample", "specdec EAGLE-3 tree with the lookup chain merged in, lossless sampling",
            "engine", True, "trained", lookup=True, lookup_mode="merge", drafter="eagle3"),
+    Method("heads_merge_greedy", "specdec heads' trained tree with the lookup chain merged in, greedy", "engine", False,
+           "trained", lookup=True, lookup_mode="merge", drafter="medusa"),
+    Method("heads_merge_sample", "specdec heads' trained tree with the lookup chain merged in, lossless sampling "
+           "(the demo's settings with the heads)", "engine", True, "trained", lookup=True, lookup_mode="merge",
+           drafter="medusa"),
     Method("heads_hybrid_greedy", "specdec heads' dynamic tree with the lookup chain in its budget; greedy", "engine",
            False, "auto", lookup=True, drafter="medusa"),
     Method("heads_hybrid_sample", "specdec heads' dynamic tree with the lookup chain in its budget; lossless sampling",
