@@ -11,7 +11,7 @@
 #   4. specdec without CUDA graphs (plain and 64-node tree), to show what the graphs buy;
 #   5. HF generate with a static cache, compiled (torch.compile "reduce-overhead"), in its own process:
 #      it takes minutes to compile and can crash on some GPU images, so it goes last and alone;
-#   6. the embedded model with its shipped heads, a few methods, if time is left.
+#   6. the embedded model with its shipped heads and EAGLE-3 drafter, a few methods, if time is left.
 # Results: <dir>/<step>/results.{json,md}, <dir>/*.json, <dir>/log.txt. bench.py rewrites its results
 # after every repeat, so a step cut by its timeout still leaves the finished repeats (marked PARTIAL).
 # With $OUT set, <dir> is a scratch folder packed into $OUT/gpu_results.tgz every 20 s and after each
@@ -96,6 +96,6 @@ step eager 90 1 "$PY" bench.py "${QWEN_ARGS[@]}" --no-cuda-graphs --repeats 1 \
 step compiled 170 1 "$PY" bench.py "${QWEN_ARGS[@]}" --repeats 1 --num-prompts 1 --methods hf_greedy,hf_compiled_greedy \
   --out "$OUT_DIR/qwen2-0.5b-compiled"
 step embedded 100 1 "$PY" bench.py --device "$DEVICE" --dtype "$DTYPE" --num-prompts 3 --max-new-tokens "$TOKENS" \
-  --repeats "$REPEATS" --methods hf_greedy,hf_sample,plain_greedy,auto_greedy,hybrid_greedy,hybrid_sample \
+  --repeats "$REPEATS" --methods hf_greedy,hf_sample,plain_greedy,auto_greedy,hybrid_greedy,hybrid_sample,trained_greedy,eagle_greedy,trained_sample,eagle_sample \
   --out "$OUT_DIR/embedded"
 echo "total: ${SECONDS}s"
