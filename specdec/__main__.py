@@ -58,8 +58,9 @@ def main(argv=None) -> int:
     x.add_argument("--dtype", default=None, help="weights dtype on disk (default: as stored)")
     g = sub.add_parser("generate", help="generate text and print it (or JSON)", formatter_class=DEFAULTS)
     g.add_argument("--model", default=None, help="hub id or local path (default: the embedded model)")
-    g.add_argument("--heads", default=None, help="heads folder, hub id, 'random', or omit (embedded heads for the "
-                                                 "default model)")
+    g.add_argument("--heads", default=None, help="Medusa heads or an EAGLE-3 drafter: a folder, hub id, 'random', "
+                                                 "or omit (the embedded model's two drafters)")
+    g.add_argument("--drafter", default="auto", help="auto (the model's default), medusa or eagle3")
     g.add_argument("--prompt", default=None)
     g.add_argument("--prompt-ids", default=None, help="comma-separated token ids instead of --prompt")
     g.add_argument("--max-new-tokens", type=int, default=64)
@@ -114,7 +115,7 @@ def check_generate(a: argparse.Namespace) -> dict:
     params = SamplingParams(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p, seed=a.seed)
     lookup = DEFAULT_LOOKUP if a.lookup is None else a.lookup
     GenerationRequest(ids or [0], a.max_new_tokens, params, a.tree, not a.no_speculation, a.acceptance, "auto", lookup,
-                      3, a.lookup_mode)  # ids are checked against the vocabulary after loading
+                      3, a.lookup_mode, drafter=a.drafter)  # ids are checked against the vocabulary after loading
     resolve_dtype(a.dtype, resolve_device(a.device))
     if a.model is not None:
         hub.check(a.model, "model")
@@ -123,7 +124,7 @@ def check_generate(a: argparse.Namespace) -> dict:
     return dict(prompt=a.prompt, prompt_ids=ids, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
                 top_k=a.top_k, top_p=a.top_p, min_p=a.min_p, seed=a.seed, tree=a.tree,
                 speculative=not a.no_speculation, acceptance=a.acceptance, lookup=lookup,
-                lookup_mode=a.lookup_mode, chat=a.chat)
+                lookup_mode=a.lookup_mode, chat=a.chat, drafter=a.drafter)
 
 
 def generate(a: argparse.Namespace, request: dict) -> int:

@@ -19,6 +19,16 @@ def test_generate_json_is_the_text_and_stats(capsys):
     assert "rounds" not in res and res["text"] and res["load_seconds"] > 0
 
 
+def test_generate_drafts_with_the_drafter_it_is_told(capsys):
+    for drafter, source in (("eagle3", "eagle3"), ("medusa", "heads")):
+        assert cli(["generate", "--prompt", "class A:", "--max-new-tokens", "8", "--events", "--lookup", "0",
+                    "--drafter", drafter]) == 0
+        rounds = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert {n["source"] for r in rounds for n in r["nodes"]} - {"root"} == {source}
+    assert cli(["generate", "--prompt", "x", "--drafter", "hydra"]) == 2
+    assert "`drafter` must be one of" in capsys.readouterr().err
+
+
 def test_generate_events_prints_each_round_as_a_json_line(capsys):
     assert cli(["generate", "--prompt", "class A:", "--max-new-tokens", "5", "--events", "--no-speculation"]) == 0
     out, err = capsys.readouterr()
