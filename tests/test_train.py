@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 import specdec
@@ -28,6 +29,21 @@ def tiny_model_dir(tmp_path_factory):
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
                       eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def peaked_model_dir(tmp_path_factory):
+    """The tiny Llama with large weights: peaked laws, so a drafter has something to learn in a few steps."""
+    d = tmp_path_factory.mktemp("peaked")
+    tok = AutoTokenizer.from_pretrained(ROOT / "assets" / "model")
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+                      initializer_range=0.3, eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
     LlamaForCausalLM(cfg).save_pretrained(d)
     tok.save_pretrained(d)
     return d
@@ -68,6 +84,27 @@ def test_heads_command_trains_for_a_model_path(tiny_model_dir, tmp_path):
     assert [list(p) for p in tree] == best["paths"]
     card = (out / "heads" / "README.md").read_text()  # the model card follows the new tree
     assert f"{best['nodes']} nodes (root included), chosen by measured" in card and json.dumps(best["paths"]) in card
+
+
+def test_eagle_command_trains_a_drafter_that_learns_and_loads(peaked_model_dir, tmp_path):
+    """`specdec train eagle`: distil, train with the training-time test, save in SafeAILab's layout with metrics
+    and a card; its loss falls, and it loads and drafts exactly."""
+    out = tmp_path / "eagle-out"
+    rc = train_main(["eagle", "--model", str(peaked_model_dir), "--out", str(out), "--device", "cpu",
+                     "--num-seqs", "16", "--valid-seqs", "4", "--prompt-len", "16", "--gen-len", "24",
+                     "--gen-batch", "16", "--batch-size", "8", "--max-steps", "60", "--lr", "3e-3",
+                     "--draft-vocab", "512", "--ttt-steps", "3", "--eval-prompts", "2", "--eval-tokens", "12"])
+    assert rc == 0
+    metrics = json.loads((out / "eagle3_metrics.json").read_text())
+    assert metrics["steps"] == 60 and metrics["draft_vocab_size"] == 512 and len(metrics["top1_by_step"]) == 3
+    assert metrics["loss_smoothed_end"] < 0.9 * metrics["loss_first_step"]  # it learned (a frozen one stays put)
+    assert all(0 <= a <= 1 for a in metrics["top1_by_step"])
+    assert metrics["tau"]["identical_to_greedy"] == 2 and metrics["tau"]["mean_accepted_length"] >= 1.0
+    assert (out / "eagle3" / "README.md").is_file() and (out / "eagle3" / "config.json").is_file()
+    loaded = specdec.load(str(peaked_model_dir), heads=str(out / "eagle3"))
+    assert loaded.eagle is not None and loaded.eagle.config.draft_vocab_size == 512
+    res = specdec.generate(loaded, prompt="def f(x):", max_new_tokens=8, lookup=0)
+    assert {n.source for e in res.rounds for n in e.nodes} == {"root", "eagle3"}
 
 
 def test_heads_command_trains_root_token_heads_that_read_the_root(tiny_model_dir, tmp_path):

@@ -261,10 +261,7 @@ def _model_and_prompts(ap, a):
 
 def _heads(ap, a, argv) -> int:
     """Prompts -> distillation (cached) -> heads -> held-out accuracy and mean accepted length -> model card."""
-    import shlex
-
-    from .card import write_card
-    from .medusa import measure_tau, train_heads
+    from .medusa import train_heads
     model, tok, train_ids, valid_ids, source = _model_and_prompts(ap, a)
     try:
         out = Path(a.out)
@@ -278,28 +275,35 @@ def _heads(ap, a, argv) -> int:
     except ValueError as e:
         ap.error(f"heads: {e}")
     heads_dir = out / "heads"
-    if a.eval_prompts:
-        metrics["tau"] = measure_tau(model, tok, heads_dir, valid_ids[: a.eval_prompts], a.eval_tokens, a.device)
-        log.info("greedy mean accepted length on %d held-out prompts: %.2f", metrics["tau"]["prompts"],
-                     metrics["tau"]["mean_accepted_length"])
-    metrics["card"] = {"base_model": getattr(model.config, "_name_or_path", a.model) or a.model, "model_arg": a.model,
-                       "heads_dir_hint": str(heads_dir), "data": asdict(source),
-                       "command": "python -m specdec.train " + shlex.join(sys.argv[1:] if argv is None else argv)}
-    (out / "heads_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    write_card(metrics, "heads", heads_dir)
+    _evaluate_and_card(a, argv, model, tok, metrics, heads_dir, source, valid_ids, out / "heads_metrics.json", "heads")
     v = metrics["variants"]["heads"]
     print(json.dumps({"top1": v["top1"], "top5": v["top5"], "out": str(heads_dir),
                       "mean_accepted_length": metrics.get("tau", {}).get("mean_accepted_length")}))
     return 0
 
 
-def _eagle(ap, a, argv) -> int:
-    """Prompts -> distillation (cached) -> EAGLE-3 drafter -> held-out accuracy and mean accepted length -> card."""
+def _evaluate_and_card(a, argv, model, tok, metrics: dict, folder: Path, source, valid_ids, metrics_path: Path,
+                       variant: str) -> None:
+    """A trained drafter's greedy mean accepted length on held-out prompts, its metrics file and model card."""
     import shlex
 
-    from ..eagle import Shape
     from .card import write_card
-    from .eagle import measure_tau, train_eagle
+    from .medusa import measure_tau
+    if a.eval_prompts:
+        metrics["tau"] = measure_tau(model, tok, folder, valid_ids[: a.eval_prompts], a.eval_tokens, a.device)
+        log.info("greedy mean accepted length on %d held-out prompts: %.2f", metrics["tau"]["prompts"],
+                 metrics["tau"]["mean_accepted_length"])
+    metrics["card"] = {"base_model": getattr(model.config, "_name_or_path", a.model) or a.model, "model_arg": a.model,
+                       "heads_dir_hint": str(folder), "data": asdict(source),
+                       "command": "python -m specdec.train " + shlex.join(sys.argv[1:] if argv is None else argv)}
+    metrics_path.write_text(json.dumps(metrics, indent=2) + "\n")
+    write_card(metrics, variant, folder)
+
+
+def _eagle(ap, a, argv) -> int:
+    """Prompts -> distillation (cached) -> EAGLE-3 drafter -> held-out accuracy and mean accepted length -> card."""
+    from ..eagle import Shape
+    from .eagle import train_eagle
     try:
         shape = Shape(a.tree_budget, a.tree_depth, a.tree_top_k)
     except ValueError as e:
@@ -318,15 +322,8 @@ def _eagle(ap, a, argv) -> int:
     except ValueError as e:
         ap.error(f"eagle: {e}")
     eagle_dir = out / "eagle3"
-    if a.eval_prompts:
-        metrics["tau"] = measure_tau(model, tok, eagle_dir, valid_ids[: a.eval_prompts], a.eval_tokens, a.device)
-        log.info("greedy mean accepted length on %d held-out prompts: %.2f", metrics["tau"]["prompts"],
-                 metrics["tau"]["mean_accepted_length"])
-    metrics["card"] = {"base_model": getattr(model.config, "_name_or_path", a.model) or a.model, "model_arg": a.model,
-                       "heads_dir_hint": str(eagle_dir), "data": asdict(source),
-                       "command": "python -m specdec.train " + shlex.join(sys.argv[1:] if argv is None else argv)}
-    (out / "eagle3_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    write_card(metrics, "eagle3", eagle_dir)
+    _evaluate_and_card(a, argv, model, tok, metrics, eagle_dir, source, valid_ids, out / "eagle3_metrics.json",
+                       "eagle3")
     print(json.dumps({"top1_by_step": metrics["top1_by_step"], "out": str(eagle_dir),
                       "mean_accepted_length": metrics.get("tau", {}).get("mean_accepted_length")}))
     return 0

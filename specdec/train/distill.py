@@ -314,6 +314,35 @@ def distill(model, prompts: list[list[int]], cfg: DistillConfig, cache_dir: str 
     return _run_shards(model, prompts, cfg, cache, shard_size, n_shards_if(shard_size), eos, pad, desc)
 
 
+def frozen_and_distilled(model, tokenizer, out: Path, device: str, *, train_prompts, valid_prompts, num_seqs: int,
+                         valid_seqs: int, prompt_len: int, gen_len: int, gen_batch: int, greedy_frac: float, seed: int,
+                         cache_dir, resume: bool):
+    """What every drafter's training starts from: the model frozen on `device`, and its own continuations of the
+    training prompts (`greedy_frac` greedy) and of the held-out ones (greedy), cached under `cache_dir`
+    (default out/distill). Prompts default to windows of the local Python corpus.
+
+    Returns (model, train, valid, cache folder, seconds spent distilling).
+    """
+    from .prompts import corpus_prompts
+
+    model = model.to(torch.device(device)).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if train_prompts is None:
+        train_prompts = corpus_prompts(tokenizer, "train", num_seqs, prompt_len, seed).tolist()
+    if valid_prompts is None:
+        valid_prompts = corpus_prompts(tokenizer, "valid", valid_seqs, prompt_len, seed + 1).tolist()
+    cache = Path(cache_dir) if cache_dir is not None else out / "distill"
+    eos = eos_ids(model, tokenizer)
+    pad = pad_id(tokenizer, eos)
+    t0 = time.perf_counter()
+    valid = distill(model, valid_prompts, DistillConfig(gen_len, gen_batch, 1.0, seed=seed + 1), cache / "valid",
+                    eos, pad, resume, desc="distill held-out")
+    train = distill(model, train_prompts, DistillConfig(gen_len, gen_batch, greedy_frac, seed=seed), cache / "train",
+                    eos, pad, resume, desc="distill train")
+    return model, train, valid, cache, time.perf_counter() - t0
+
+
 def _run_shards(model, prompts, cfg, cache: Path, shard_size: int, n_shards: int, eos: list[int], pad: int,
                 desc: str) -> Distilled:
     dev = next(model.parameters()).device

@@ -25,10 +25,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..eagle import Eagle3, EagleConfig, EagleRun, Shape, default_layers
+from ..eagle import Eagle3, EagleConfig, Shape, default_layers
 from ..eagle_io import save_eagle
-from .distill import DistillConfig, distill, eos_ids, pad_id
-from .prompts import corpus_prompts
+from .distill import eos_ids, frozen_and_distilled, pad_id
 
 log = logging.getLogger("specdec.train")
 STEP_DECAY = 0.8
@@ -77,7 +76,7 @@ def target_pass(model, taps, seq: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 def unrolled(d: Eagle3, feats: torch.Tensor, seq: torch.Tensor, steps: int) -> list[torch.Tensor]:
     """The training-time test: draft logits [B, T, Vd] of steps 0..steps-1 (position t predicts x_{t+2})."""
     B, T = seq.shape
-    c, layer, attn = d.config, d.midlayer, d.midlayer.self_attn
+    layer, attn = d.midlayer, d.midlayer.self_attn
     nh, nkv, hd = attn.heads, attn.kv_heads, attn.head_dim
     nxt = torch.cat([seq[:, 1:], seq[:, -1:]], 1)  # x_{t+1} at t (the last one is never a target)
     emb = layer.input_layernorm(d.embed_tokens(nxt).to(d.fc.weight.dtype))
@@ -164,22 +163,11 @@ def train_eagle(model, tokenizer, out_dir: str | Path, *, num_seqs: int = 1536, 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device(device)
-    model = model.to(dev).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    if train_prompts is None:
-        train_prompts = corpus_prompts(tokenizer, "train", num_seqs, prompt_len, seed).tolist()
-    if valid_prompts is None:
-        valid_prompts = corpus_prompts(tokenizer, "valid", valid_seqs, prompt_len, seed + 1).tolist()
-    cache = Path(cache_dir) if cache_dir is not None else out / "distill"
-    eos = eos_ids(model, tokenizer)
-    pad = pad_id(tokenizer, eos)
-    t0 = time.perf_counter()
-    valid = distill(model, valid_prompts, DistillConfig(gen_len, gen_batch, 1.0, seed=seed + 1), cache / "valid",
-                    eos, pad, resume, desc="distill held-out")
-    train = distill(model, train_prompts, DistillConfig(gen_len, gen_batch, greedy_frac, seed=seed), cache / "train",
-                    eos, pad, resume, desc="distill train")
-    distill_s = time.perf_counter() - t0
+    model, train, valid, cache, distill_s = frozen_and_distilled(
+        model, tokenizer, out, device, train_prompts=train_prompts, valid_prompts=valid_prompts, num_seqs=num_seqs,
+        valid_seqs=valid_seqs, prompt_len=prompt_len, gen_len=gen_len, gen_batch=gen_batch, greedy_frac=greedy_frac,
+        seed=seed, cache_dir=cache_dir, resume=resume)
+    pad = pad_id(tokenizer, eos_ids(model, tokenizer))
     V = int(model.config.vocab_size)
     counts = np.bincount(np.concatenate([train.row(i) for i in range(len(train))]), minlength=V)[:V]
     d = drafter_for(model, draft_vocab, counts).to(dev, torch.float32)
@@ -192,7 +180,7 @@ def train_eagle(model, tokenizer, out_dir: str | Path, *, num_seqs: int = 1536, 
     opt = torch.optim.AdamW([p for p in d.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
     rng = np.random.default_rng(seed)
-    step, t_start, smooth = 0, time.perf_counter(), None
+    step, t_start, smooth, first = 0, time.perf_counter(), None, None
     bar = tqdm(desc="eagle3", total=max_steps or max_seconds, unit="step" if max_steps else "s",
                bar_format=None if max_steps else "{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]")
     shown = 0.0
@@ -216,6 +204,7 @@ def train_eagle(model, tokenizer, out_dir: str | Path, *, num_seqs: int = 1536, 
         opt.step()
         step += 1
         value = float(loss.detach())
+        first = value if smooth is None else first
         smooth = value if smooth is None else 0.95 * smooth + 0.05 * value
         bar.set_postfix(step=step, loss=f"{smooth:.3f}", refresh=False)
         if step in (1, 10) or step % 100 == 0:
@@ -240,7 +229,7 @@ def train_eagle(model, tokenizer, out_dir: str | Path, *, num_seqs: int = 1536, 
     metrics = {"distill_seconds": distill_s, "train_seconds": train_s, "steps": step, "unrolled_steps": steps,
                "train_sequences": len(train), "valid_sequences": len(valid), "prompt_len": prompt_len,
                "gen_len": gen_len, "draft_vocab_size": d.config.draft_vocab_size, "layers": list(taps),
-               "top1_by_step": acc, "draft_vocab_coverage": covered, "params": sum(p.numel() for p in d.parameters()),
+               "top1_by_step": acc, "draft_vocab_coverage": covered, "loss_first_step": first, "loss_smoothed_end": smooth, "params": sum(p.numel() for p in d.parameters()),
                "distill_cache": str(cache)}
     log.info("eagle3 held-out top-1 by step %s", [round(a, 3) for a in acc])
     save_eagle(d, out / "eagle3", shape or Shape(), dtype=torch.float16)
@@ -248,20 +237,4 @@ def train_eagle(model, tokenizer, out_dir: str | Path, *, num_seqs: int = 1536, 
     return metrics
 
 
-def measure_tau(model, tokenizer, eagle_dir: str | Path, prompts: list[list[int]], new_tokens: int = 64,
-                device: str = "cpu") -> dict:
-    """Greedy mean accepted length (tokens per decoding forward, bonus included) of the saved drafter on its
-    shipped tree, no prompt lookup."""
-    from ..api import load, generate
-
-    loaded = load(model, heads=str(eagle_dir), device=device, tokenizer=tokenizer)
-    fwd = toks = 0
-    for p in prompts:
-        r = generate(loaded, prompt_ids=p, max_new_tokens=new_tokens, temperature=0.0, tree="trained", lookup=0)
-        drafted = [e for e in r.rounds if e.index > 0]
-        fwd += len(drafted)
-        toks += sum(e.accepted_length for e in drafted)
-    return {"prompts": len(prompts), "new_tokens": new_tokens, "mean_accepted_length": toks / max(fwd, 1)}
-
-
-__all__ = ["train_eagle", "unrolled", "eagle_loss", "drafter_for", "target_pass", "measure_tau", "EagleRun"]
+__all__ = ["train_eagle", "unrolled", "eagle_loss", "drafter_for", "target_pass"]

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from ..draft_tree import best_tree, expected_length
 from ..heads import HeadsConfig, MedusaHeads, target_dims
-from .distill import DistillConfig, distill, eos_ids, pad_id
+from .distill import eos_ids, frozen_and_distilled, pad_id
 from .prompts import corpus_prompts
 
 __all__ = ["corpus_prompts", "train_heads", "head_losses", "head_accuracy", "measure_tau", "choose_tree"]
@@ -87,23 +87,12 @@ def train_heads(model, tokenizer, out_dir: str | Path, variants: dict[str, dict]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device(device)
-    model = model.to(dev).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
+    model, train, valid, cache, distill_s = frozen_and_distilled(
+        model, tokenizer, out, device, train_prompts=train_prompts, valid_prompts=valid_prompts, num_seqs=num_seqs,
+        valid_seqs=valid_seqs, prompt_len=prompt_len, gen_len=gen_len, gen_batch=gen_batch, greedy_frac=greedy_frac,
+        seed=seed, cache_dir=cache_dir, resume=resume)
+    pad = pad_id(tokenizer, eos_ids(model, tokenizer))
     hidden_size, vocab = target_dims(model)
-    if train_prompts is None:
-        train_prompts = corpus_prompts(tokenizer, "train", num_seqs, prompt_len, seed).tolist()
-    if valid_prompts is None:
-        valid_prompts = corpus_prompts(tokenizer, "valid", valid_seqs, prompt_len, seed + 1).tolist()
-    cache = Path(cache_dir) if cache_dir is not None else out / "distill"
-    eos = eos_ids(model, tokenizer)
-    pad = pad_id(tokenizer, eos)
-    t0 = time.perf_counter()
-    valid = distill(model, valid_prompts, DistillConfig(gen_len, gen_batch, 1.0, seed=seed + 1), cache / "valid",
-                    eos, pad, resume, desc="distill held-out")
-    train = distill(model, train_prompts, DistillConfig(gen_len, gen_batch, greedy_frac, seed=seed), cache / "train",
-                    eos, pad, resume, desc="distill train")
-    distill_s = time.perf_counter() - t0
     distill_tokens = train.generated_now + valid.generated_now  # 0 when the cache had it all
     log.info("distilled %d train sequences (%d new tokens) and %d held-out in %.0f s", len(train),
              train.generated_tokens, len(valid), distill_s)
@@ -196,7 +185,8 @@ def train_heads(model, tokenizer, out_dir: str | Path, variants: dict[str, dict]
 
 def measure_tau(model, tokenizer, heads_dir: str | Path, prompts: list[list[int]], new_tokens: int = 64,
                 device: str = "cpu") -> dict:
-    """Greedy mean accepted length (tokens per decoding forward, bonus included) of the saved heads alone (no lookup).
+    """Greedy mean accepted length (tokens per decoding forward, bonus included) of a saved drafter, Medusa heads or
+    EAGLE-3, alone on its own tree (no lookup).
 
     Pooled over `prompts` (held-out): decoding-round tokens over decoding rounds.
     Also checks every output against plain greedy decoding.
