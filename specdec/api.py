@@ -202,14 +202,15 @@ def _load(model, heads, dev: torch.device, dtype, tokenizer, prefix_cache, cost_
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Loading weights" bars are noise in a CLI and an app log
+    eagle_src = None  # an EAGLE-3 drafter's folder, beside the heads (the embedded model) or instead of them
 
     if model is None:
         if not (DEFAULT_MODEL / "config.json").is_file():
             raise ValueError(f"the embedded default model is missing from {DEFAULT_MODEL}; "
                              "pass model=<hub id or path> or rebuild it (see assets/README.md)")
         model, name = str(DEFAULT_MODEL), "embedded"
-        if heads is None:
-            heads = [str(p) for p in (DEFAULT_HEADS, DEFAULT_EAGLE) if p.is_dir()]
+        if heads is None:  # both shipped drafters
+            heads, eagle_src = str(DEFAULT_HEADS), (str(DEFAULT_EAGLE) if DEFAULT_EAGLE.is_dir() else None)
         elif isinstance(heads, str) and heads in SHIPPED and not os.path.isdir(heads):
             heads = str(SHIPPED[heads])
     elif isinstance(heads, str) and heads in SHIPPED and not os.path.isdir(heads):
@@ -231,19 +232,14 @@ def _load(model, heads, dev: torch.device, dtype, tokenizer, prefix_cache, cost_
     if cuda_graphs is not False and target.device.type == "cuda":
         target.use_graphs("cuda")
     tree_paths, eagle, eagle_shape = None, None, None
-    for folder in (heads if isinstance(heads, list) else []):  # the embedded model's drafters
-        if eagle_io.detect(folder):
-            eagle, eagle_shape, _ = eagle_io.read_eagle(folder, hf_model)
-        else:
-            heads = folder
-    if isinstance(heads, list):
-        heads = None
+    if isinstance(heads, str) and heads != "random":
+        heads = heads_folder(heads)  # a folder from here on: Medusa heads or an EAGLE-3 drafter
+        if eagle_io.detect(heads):
+            eagle_src, heads = heads, None
     if isinstance(heads, Eagle3):
         eagle, heads = heads.to(device=target.device, dtype=target.dtype).eval(), None
-    elif isinstance(heads, str) and heads != "random":
-        folder = heads_folder(heads)
-        if eagle_io.detect(folder):
-            (eagle, eagle_shape, _), heads = eagle_io.read_eagle(folder, hf_model), None
+    elif eagle_src is not None:
+        eagle, eagle_shape, _ = eagle_io.read_eagle(eagle_src, hf_model)
     if heads is None:
         head_mod = None
     elif isinstance(heads, MedusaHeads):
@@ -253,7 +249,7 @@ def _load(model, heads, dev: torch.device, dtype, tokenizer, prefix_cache, cost_
     elif heads == "random":
         head_mod = random_heads(hf_model)
     else:
-        head_mod, tree_paths, _ = read_heads(heads_folder(str(heads)), hf_model)
+        head_mod, tree_paths, _ = read_heads(heads, hf_model)
     if packed_rows is None and target.device.type == "cpu":
         packed_rows = cost.packed_rows_pay(target)
     if packed_rows:
