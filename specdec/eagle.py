@@ -181,15 +181,12 @@ class Eagle3(nn.Module):
         """
         layer, attn = self.midlayer, self.midlayer.self_attn
         n = tokens.shape[0]
-        qkv_w, gate_up_w = self._fused()
-        x = torch.cat([_norm(layer.input_layernorm, self.embed_tokens(tokens).to(g.dtype)), _norm(layer.hidden_norm, g)], -1)
-        nq, nkv = attn.heads * attn.head_dim, attn.kv_heads * attn.head_dim
-        q, k, v = F.linear(x, qkv_w).split((nq, nkv, nkv), -1)
-        q = q.view(n, attn.heads, attn.head_dim).transpose(0, 1)  # [h, n, d]
-        k = k.view(n, attn.kv_heads, attn.head_dim).transpose(0, 1)  # [kvh, n, d]
-        v = v.view(n, attn.kv_heads, attn.head_dim).transpose(0, 1)
-        cos, sin = self._rotary(positions, x)  # [n, d]
-        q, k = _rope(q, k, cos, sin)
+        x = torch.cat([layer.input_layernorm(self.embed_tokens(tokens).to(g.dtype)), layer.hidden_norm(g)], -1)
+        q = attn.q_proj(x).view(n, attn.heads, attn.head_dim).transpose(0, 1)  # [h, n, d]
+        k = attn.k_proj(x).view(n, attn.kv_heads, attn.head_dim).transpose(0, 1)  # [kvh, n, d]
+        v = attn.v_proj(x).view(n, attn.kv_heads, attn.head_dim).transpose(0, 1)
+        cos, sin = self.rotary(x[None], positions[None].to(x.device))  # [1, n, d]
+        q, k = _rope(q, k, cos[0], sin[0])
         past = 0
         if cache is not None:
             past = cache.length
@@ -201,42 +198,12 @@ class Eagle3(nn.Module):
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None],
                                            enable_gqa=attn.heads != attn.kv_heads)  # [h, n, d]
         h = g + attn.o_proj(o.transpose(0, 1).reshape(n, -1))
-        gate, up = F.linear(_norm(layer.post_attention_layernorm, h), gate_up_w).chunk(2, -1)
-        h = h + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
-        return h, self.lm_head(_norm(self.norm, h)).float()
-
-    def _fused(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """q|k|v and gate|up weights stacked, so a step runs two products where it would run five (rebuilt
-        whenever a weight changes)."""
-        attn, mlp = self.midlayer.self_attn, self.midlayer.mlp
-        parts = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight)
-        key = tuple((w._version, w.data_ptr(), w.dtype, w.device) for w in parts)
-        if getattr(self, "_fused_key", None) != key:
-            with torch.no_grad():
-                self._fused_w = (torch.cat(parts[:3]), torch.cat(parts[3:]))
-            self._fused_key = key
-        return self._fused_w
-
-    def _rotary(self, positions: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [n, d] at these positions, from a table grown on demand."""
-        top = int(positions.max()) + 1
-        table = getattr(self, "_rope_table", None)
-        if table is None or table[0].shape[0] < top or table[0].dtype != x.dtype or table[0].device != x.device:
-            size = max(256, 1 << (top - 1).bit_length())
-            with torch.no_grad():
-                cos, sin = self.rotary(x[None], torch.arange(size, device=x.device)[None])
-            table = self._rope_table = (cos[0], sin[0])
-        idx = positions.to(x.device)
-        return table[0][idx], table[1][idx]
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return h, self.lm_head(self.norm(h)).float()
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> target ids."""
         return draft_ids + self.d2t[draft_ids]
-
-
-def _norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """A Llama RMSNorm module's function in one fused op (what its forward computes, in x's dtype)."""
-    return F.rms_norm(x, (x.shape[-1],), module.weight.to(x.dtype), module.variance_epsilon)
 
 
 def _rope(q, k, cos, sin):
