@@ -183,7 +183,7 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
         rounds.next.click(lambda i, s: h.step_round(i, s, 1), at, round_outputs, **hidden)
         rounds.reject.click(h.jump_rejection, at, round_outputs, **hidden)
         rounds.longest.click(h.jump_longest, [session], round_outputs, **hidden)
-        tokens.select(h.token_round, [session], round_outputs, **hidden)
+        tokens.select(h.token_click, [session], round_outputs + [sampler_plot], **hidden)
     demo.queue(max_size=queue_size, default_concurrency_limit=1)
     return demo
 

@@ -193,8 +193,7 @@ class Handlers(RoundViews, SamplerView, RaceView):
             # engine's, so it is counted as its last event arrives, not when the view catches up.
             ended = [lambda e: req.end("ok") if e.finished else None] if pacer.paced else []
             try:
-                stream = self.gate.stream(settings.request(ids, lambda: session.live_params(run),
-                                                           last_law=self.sampler_top),
+                stream = self.gate.stream(settings.request(ids, lambda: session.live_params(run)),
                                           on_round=[run.record, req.on_round, *self.on_round, *ended],
                                           should_stop=session.should_stop(run))
             except gr.Error:
@@ -285,6 +284,12 @@ class Handlers(RoundViews, SamplerView, RaceView):
         views = (shown["tree"], slider, shown["info"], *shown["charts"],
                  gr.skip() if shown["sampler"] is None else shown["sampler"], shown["style"], shown["nodes"])
         return (text_html, stats, *views, self._json(run, ev, stopped, events if live else None))
+
+    def token_click(self, session: Session, evt: gr.SelectData) -> tuple:
+        """A click on a token (`evt.index` its round, `evt.value` its position): its round, and in the sampler
+        view the law it was drawn from."""
+        position = evt.value if isinstance(evt.value, int) and not isinstance(evt.value, bool) else -1
+        return (*self.token_round(session, evt), self.token_law(session, position))
 
     def stop(self, session: Session) -> None:
         """Stop the session's running generations and races; each ends before its next round."""

@@ -1,8 +1,9 @@
 """The sampler view: the target's next-token law at a position, and what each filter keeps of it.
 
 `SamplerView` is a part of `Handlers`: it reads `gate` (the engine's narrow face), `sampler_top`
-and `encode`. The rows come from `Engine.sampler_rows` as plain values; a session keeps the last
-rows it drew, so a redraw at the same position and settings costs no forward.
+and `encode`. The rows come from `Engine.sampler_rows` as plain values, computed on demand for the
+position shown; a session keeps the last rows it drew, so a redraw at the same position and settings
+costs no forward.
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from dataclasses import replace
 
 import gradio as gr
 
+from specdec import SamplingParams
+from specdec.stats import SAMPLER_KEYS  # the params that shape a law (the seed only draws from it)
 from specdec.verifier import ACCEPTANCE_RULES
 
 from . import plots
@@ -49,17 +52,15 @@ class SamplerView:
             ids = self.encode(prompt, bool(chat))
         except ValueError as e:
             return plots.empty_figure(f"Sampler view: {e}", 320)
-        return self._sampler_figure(session, ids, view, "next token after the prompt")
+        return self._sampler_figure(session, ids, view.sampling_params(), "next token after the prompt")
 
-    def _sampler_figure(self, session: Session, ids: list[int], settings: Settings, note: str,
-                        emitted: int | None = None, emitted_prob: float | None = None, rows: list | None = None):
-        """`rows`: the law after `ids` when the caller already has it; else one forward (cached per session)."""
-        params = settings.sampling_params()
+    def _sampler_figure(self, session: Session, ids: list[int], params: SamplingParams, note: str,
+                        emitted: int | None = None, emitted_prob: float | None = None):
+        """The law after `ids` under `params`: one forward through the engine's narrow face, cached per session."""
+        params = replace(params, seed=None)  # the seed changes no law
         key = (tuple(ids), tuple(sorted(params.to_dict().items())))
         cache = session.sampler_cache
-        if rows is not None:
-            cache = session.sampler_cache = (key, rows)
-        elif cache is None or cache[0] != key:
+        if cache is None or cache[0] != key:
             cache = session.sampler_cache = (key, self.gate.sampler_rows(ids, params, self.sampler_top))
         return plots.sampler_figure(cache[1], self.gate.token_text, params.to_dict(), len(ids), note, emitted,
                                     emitted_prob)
@@ -68,13 +69,21 @@ class SamplerView:
         """The sampler view at the run's newest token: the law it was drawn from, that token starred."""
         last = next((t for ev in reversed(run.events) for t in reversed(ev.emitted)), None)
         if last is None:
-            return self._sampler_figure(session, run.prompt_ids, settings, "next token after the prompt")
+            return self._sampler_figure(session, run.prompt_ids, settings.sampling_params(),
+                                        "next token after the prompt")
         ids = run.prompt_ids + run.token_ids[:-1]
         note = (f"where the run's token {len(run.token_ids)} was drawn; the sliders filter the next rounds"
                 if not run.done else f"where the run's last token ({len(run.token_ids)}) was drawn")
-        # A finished run's last event carries that law, read from its round's own forward (`last_law`),
-        # when it was drawn under the sliders' settings: no forward between two of the batch's rounds.
-        end, now = run.events[-1], settings.sampling_params().to_dict()
-        same = {k: v for k, v in end.params.items() if k != "seed"} == {k: v for k, v in now.items() if k != "seed"}
-        rows = end.extra.get("last_law") if end.finished and same else None  # the seed changes no law
-        return self._sampler_figure(session, ids, settings, note, last.token_id, last.target_prob, rows)
+        return self._sampler_figure(session, ids, settings.sampling_params(), note, last.token_id, last.target_prob)
+
+    def token_law(self, session: Session, position: int):
+        """The sampler view where the run's token `position` (0-based) was drawn: its round's settings, it starred."""
+        run = session.run
+        where = [(ev, t) for ev in run.events for t in ev.emitted] if run is not None else []
+        if not 0 <= position < len(where):
+            return gr.skip()
+        ev, tok = where[position]
+        params = SamplingParams(**{k: v for k, v in ev.params.items() if k in SAMPLER_KEYS})
+        note = f"where token {position + 1} was drawn (round {ev.index}, with that round's settings)"
+        return self._sampler_figure(session, run.prompt_ids + run.token_ids[:position], params, note, tok.token_id,
+                                    tok.target_prob)

@@ -106,20 +106,19 @@ class Settings:
         return out
 
     def request(self, prompt_ids: list[int], params=None, speculative: bool | None = None,
-                max_new_tokens: int | None = None, last_law: int = 0) -> GenerationRequest:
+                max_new_tokens: int | None = None) -> GenerationRequest:
         """The engine request these settings make (plain decoding drafts nothing, so it gets lookup=0).
 
         Args:
             params: SamplingParams or a live source of them (default: `sampling_params()`).
             speculative, max_new_tokens: override the settings' own (a race runs both lanes, a warm-up is short).
-            last_law: rows of the last token's law for the finished event (`GenerationRequest.last_law`).
         """
         spec = self.speculative if speculative is None else speculative
         tree, drafter = ("trained", "eagle3") if self.tree == "eagle3" else (self.tree, self.drafter)
         return GenerationRequest(prompt_ids, self.max_new_tokens if max_new_tokens is None else max_new_tokens,
                                  self.sampling_params() if params is None else params, tree, spec,
                                  self.acceptance, lookup=self.lookup if spec is True else 0,
-                                 lookup_mode=self.lookup_mode, last_law=last_law, drafter=drafter)
+                                 lookup_mode=self.lookup_mode, drafter=drafter)
 
     def sampling_params(self, seed: int | None = None) -> SamplingParams:
         """The engine's params. The greedy rule means argmax everywhere, so it forces temperature 0."""

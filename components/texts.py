@@ -29,13 +29,14 @@ HOW_TO_READ_JS = """if (window.innerWidth < 700) {  // a phone: the settings sta
     if (open || ++tries > 50) clearInterval(fold);
   }, 100);
 }"""
-# A click (or tap) on a token: show its details below the stream, and jump to its round.
+# A click (or tap) on a token: show its details below the stream, its round, and (by its position) its law.
 TOKENS_JS = """element.addEventListener('click', (e) => {
   const t = e.target.closest('[data-round]');
   if (!t) return;
   const box = document.querySelector('#token-detail .sd-detail');
   if (box) box.textContent = (t.classList.contains('sd-tok') ? '“' + t.textContent + '” · ' : '') + (t.title || '');
-  trigger('select', {index: Number(t.dataset.round), value: t.title || ''});
+  const position = t.classList.contains('sd-tok') ? [...element.querySelectorAll('.sd-tok')].indexOf(t) : -1;
+  trigger('select', {index: Number(t.dataset.round), value: position});
 });"""
 # A new action: the token-detail line goes back to its hint (the last run's token is gone).
 CLEAR_DETAIL_JS = """(...args) => {

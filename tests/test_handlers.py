@@ -189,29 +189,6 @@ def test_streamed_updates_resend_the_views_they_do_not_redraw(handlers):
     gen.close()
 
 
-def test_the_final_sampler_view_reads_the_runs_own_law(handlers, monkeypatch):
-    """The final update's sampler view comes from the finished event (`last_law`): no forward of its own
-    between two of the batch's rounds. A run whose last round used other settings than the sliders' now
-    still runs one."""
-    h = Handlers(handlers.loaded, figure_interval=60.0, chart_interval=60.0, text_interval=60.0)
-    calls = []
-    real = h.gate.sampler_rows
-    monkeypatch.setattr(h.gate, "sampler_rows", lambda *a: calls.append(a) or real(*a))
-    session = Session()
-    updates = list(h.generate("def f(x):", *{**CONTROLS, "max_new_tokens": 12}.values(), session))
-    assert len(updates) == 2 and len(calls) == 1  # the first update's view ran a forward, the final one did not
-    final = figure(updates[-1][8])
-    assert any(t.startswith("★") for t in final.layout.yaxis.ticktext)
-    ids = session.run.prompt_ids + session.run.token_ids[:-1]
-    assert session.sampler_cache[1] == session.run.events[-1].extra["last_law"]
-    ref = real(ids, session.live.sampling_params(), h.sampler_top)
-    assert [r["token_id"] for r in session.sampler_cache[1]] == [r["token_id"] for r in ref]
-    # the sliders moved after the last round: the view shows their law, so it needs its own forward
-    session.live = session.live.__class__(**{**session.live.__dict__, "temperature": 0.7})
-    h._run_sampler(session, session.run, session.live)
-    assert len(calls) == 2
-
-
 def test_a_paced_run_shows_every_round_in_turn_and_stop_ends_it_at_the_shown_one(handlers):
     session = Session()
     gen = handlers.generate("def f(x):", *{**CONTROLS, "max_new_tokens": 24}.values(), session, pace="8")

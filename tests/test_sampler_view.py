@@ -64,3 +64,34 @@ def test_sampler_forwards_interleave_with_rounds_but_never_overlap(handlers, mon
     runner.join()
     assert views >= 3 and state["calls"] > len(session.run.events) + 3  # sampler forwards ran during the run
     assert state["overlaps"] == 0
+
+
+def test_a_tokens_law_is_computed_on_demand_at_its_position(handlers, monkeypatch):
+    """A click on a token: the sampler view shows the law that token was drawn from (its round's settings),
+    from one forward on the context before it; the final view of a run is computed the same way, and cached."""
+    import gradio as gr
+    from conftest import figure
+
+    h = Handlers(handlers.loaded, figure_interval=60.0, chart_interval=60.0, text_interval=60.0)
+    calls = []
+    real = h.gate.sampler_rows
+    monkeypatch.setattr(h.gate, "sampler_rows", lambda *a: calls.append(a) or real(*a))
+    session = Session()
+    updates = list(h.generate("def f(x):", *{**CONTROLS, "max_new_tokens": 12, "temperature": 0.9, "top_k": 7}.values(),
+                              session))
+    final = figure(updates[-1][8])
+    assert any(t.startswith("★") for t in final.layout.yaxis.ticktext)  # the run's last token, starred
+    n = len(calls)
+    h._run_sampler(session, session.run, session.live)
+    assert len(calls) == n  # same position, same settings: the cached rows
+    run = session.run
+    for position in (0, 5):
+        fig = h.token_law(session, position)
+        ids, params, _ = calls[-1]
+        assert ids == run.prompt_ids + run.token_ids[:position] and params.top_k == 7 and params.seed is None
+        assert f"where token {position + 1} was drawn" in fig.layout.title.text
+        tok = run.token_ids[position]
+        assert [r["token_id"] for r in session.sampler_cache[1]] == [r["token_id"] for r in real(ids, params, 20)]
+        if tok in [r["token_id"] for r in session.sampler_cache[1]]:
+            assert any(t.startswith("★") for t in fig.layout.yaxis.ticktext)
+    assert h.token_law(session, 999) == gr.skip()  # a position past the run: the view stays
