@@ -23,7 +23,7 @@ from . import plots
 from .compare import COMPARE_HINT, RaceView
 from .gate import open_gate
 from .node_table import node_table_html
-from .pace import Pacer, check_pace
+from .pace import Feed, Pacer, check_pace, stale
 from .replay import highlight_css, instructive_round, round_markdown
 from .round_views import RoundViews, round_slider
 from .sampler_view import SamplerView
@@ -192,9 +192,9 @@ class Handlers(RoundViews, SamplerView, RaceView):
             # A paced run's request ends in the engine long before its last round is shown: its latency is the
             # engine's, so it is counted as its last event arrives, not when the view catches up.
             ended = [lambda e: req.end("ok") if e.finished else None] if pacer.paced else []
+            feed = Feed(run, [req.on_round, *self.on_round, *ended])
             try:
-                stream = self.gate.stream(settings.request(ids, lambda: session.live_params(run)),
-                                          on_round=[run.record, req.on_round, *self.on_round, *ended],
+                stream = self.gate.stream(settings.request(ids, lambda: session.live_params(run)), on_round=[feed],
                                           should_stop=session.should_stop(run))
             except gr.Error:
                 session.finish(run)
@@ -208,14 +208,27 @@ class Handlers(RoundViews, SamplerView, RaceView):
             shown = self._blank_views()  # what this run's stream shows in each view until it is drawn
             try:
                 while True:
-                    new, _ = self.gate.step(stream)  # `run.record` has already stored it
+                    new, _ = self.gate.step(stream)  # `feed` has already stored it
                     if new is None or run.replaced:  # a replaced run's tab shows its newer run now
                         break
                     if not pacer.wait():  # Stop while the round waited for its turn: the run ends at the shown one
-                        while self.gate.step(stream)[0] is not None:  # the engine's last round: no record after
-                            pass
-                        del run.events[pacer.shown:]
+                        feed.close(pacer.shown)
                         break
+                    new = feed.shift(new)
+                    if pacer.paced and run is session.run and stale(new, session.live_params(run)):
+                        # The sliders moved while this round waited: resume from the shown rounds with them.
+                        self.gate.close(stream)
+                        feed.close(new.index)
+                        feed = Feed(run, self.on_round)
+                        left = settings.max_new_tokens - len(run.token_ids)
+                        stream = self.gate.stream(
+                            settings.request(run.prompt_ids + run.token_ids, lambda: session.live_params(run),
+                                             max_new_tokens=left),
+                            on_round=[feed], should_stop=session.should_stop(run))
+                        new, _ = self.gate.step(stream)
+                        if new is None:
+                            break
+                        new = feed.shift(new)
                     ev = new
                     text_html += render_round(ev, prev)
                     prev = ev.params

@@ -24,8 +24,10 @@ def node_table_html(ev: RoundEvent | None) -> str:
     if ev is None:
         return '<div class="sd-nodes-empty">Each node of the shown round\'s tree is listed here.</div>'
     if not ev.nodes:
-        return (f'<div class="sd-nodes-empty">Round {ev.index} drafted nothing: '
-                f'{"the prefill" if ev.index == 0 else "plain decoding"}.</div>')
+        why = ("the prefill" if ev.index == 0 else "the target re-read the context under the new settings"
+               if ev.extra.get("resumed") else "plain decoding")
+        return f'<div class="sd-nodes-empty">Round {ev.index} drafted nothing: {why}.</div>'
+
     rows = []
     for i, n in enumerate(ev.nodes):
         reason = node_rule(ev, i).split(": ", 1)

@@ -150,8 +150,10 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
     if event is None:
         return empty_figure("No round yet: press Generate.")
     if not event.nodes:
-        why = "round 0 is the prefill: the target picks the first token" if event.index == 0 else \
-            "plain decoding (speculation off or no room left): one target forward per token, no draft tree"
+        why = ("round 0 is the prefill: the target picks the first token" if event.index == 0 else
+               "the sliders changed: the target re-read the context under the new settings, no draft tree"
+               if event.extra.get("resumed") else
+               "plain decoding (speculation off or no room left): one target forward per token, no draft tree")
         return empty_figure(f"Round {event.index}: {why}.")
     nodes = event.nodes
     path = list(event.accepted_path)

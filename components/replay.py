@@ -71,6 +71,11 @@ def narrate(ev: RoundEvent | None) -> str:
         cached = f" ({ev.prefix_cache_hit} of them reused from the prefix cache)" if ev.prefix_cache_hit else ""
         return (f"Round 0 is the prefill: the target read the {ev.prompt_tokens}-token prompt{cached} in one "
                 f"forward{first}. Nothing was drafted yet.")
+    if ev.extra.get("resumed"):  # see pace.py: a paced run resumed under the sliders' new settings
+        tok = _q(own[-1].text) if own else "nothing"
+        return (f"The sampler settings changed: the rounds made ahead of the view under the old ones were dropped, "
+                f"and the target re-read the {ev.prompt_tokens}-token context in one forward and drew {tok} under "
+                "the new ones. Drafting goes on from the next round.")
     if not ev.nodes:
         tok = _q(own[-1].text) if own else "nothing"
         return f"Plain decoding: one target forward, one token {tok}. No draft tree this round."

@@ -8,7 +8,8 @@ import pytest
 import specdec
 from components.handlers import Handlers
 from components.session import Session
-from conftest import CONTROLS, chat_loaded, figure, race_controls
+from components.replay import round_markdown
+from conftest import CONTROLS, chat_loaded, figure, race_controls, wait_until
 
 
 def test_handler_generate_matches_the_library(handlers):
@@ -209,3 +210,31 @@ def test_out_of_range_typed_values_and_an_empty_prompt_are_refused(handlers):
     for empty in ("", "  \n "):
         with pytest.raises(gr.Error, match="Type a prompt"):
             next(handlers.generate(empty, *CONTROLS.values(), Session()))
+
+
+def test_a_slider_moved_during_a_paced_run_acts_on_the_next_round_shown(handlers):
+    """The engine decodes ahead of the view; a live change drops the rounds it made under the old settings and
+    the run resumes from the shown round with the new ones: every round shown after the change reads them."""
+    session = Session()
+    gen = handlers.generate("def f(x):", *{**CONTROLS, "max_new_tokens": 40, "tree": "default"}.values(), session,
+                            pace="step")
+    shown = [next(gen)[-1]]
+    for _ in range(2):
+        handlers.step(session)
+        shown.append(next(gen)[-1])
+    wait_until(lambda: session.run.events[-1].finished, 60, "the engine's last round")  # far ahead of the view
+    handlers.sampler_view("def f(x):", 1.2, 9, 1.0, 0.0, "lossless", False, session)  # while round 3 waits
+    rest = []
+    while not rest or not rest[-1]["finished"]:
+        handlers.step(session)
+        rest.append(next(gen)[-1])
+    rest += [u[-1] for u in gen]
+    rounds = [r["round"] for r in shown + rest[:-1]]
+    assert rounds == list(range(len(rounds)))  # one update per round, in turn, none skipped or repeated
+    events = session.run.events
+    assert [ev.index for ev in events] == list(range(len(events)))
+    assert {ev.params["temperature"] for ev in events[:3]} == {0.0}
+    assert {(ev.params["temperature"], ev.params["top_k"]) for ev in events[3:]} == {(1.2, 9)}
+    assert events[3].extra.get("resumed") and "settings changed" in round_markdown(events[3])
+    assert events[-1].total_tokens == sum(len(ev.emitted) for ev in events) == 40
+    assert rest[-1]["finished"] == "length" and rest[-1]["text"] == session.run.text
