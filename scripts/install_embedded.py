@@ -97,7 +97,7 @@ def install(src: Path, model: Path, heads: Path, evaluation: Path, assets: Path)
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--from", dest="src", required=True, help="the folder train_embedded.py wrote (its --out)")
-    ap.add_argument("--variant", default="own", help="heads variant: own (Medusa's default), shared, or root (own, reading the root token)")
+    ap.add_argument("--variant", default="own", help="heads variant: own (Medusa's default) or shared")
     ap.add_argument("--work", default="runs/gpu")
     ap.add_argument("--data", default="runs/gpu/data", help="held-out token arrays for the tree (built if missing)")
     ap.add_argument("--data-chars", type=int, default=40_000_000)

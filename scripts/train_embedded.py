@@ -136,8 +136,6 @@ def main() -> None:
     variants = {
         "own": {"num_heads": 4, "num_layers": 1, "shared_lm_head": False},  # Medusa's default
         "shared": {"num_heads": 4, "num_layers": 2, "shared_lm_head": True},  # 1/30 of the size on disk
-        # Medusa's default that also reads the root token: better drafts when sampling (heads.py)
-        "root": {"num_heads": 4, "num_layers": 1, "shared_lm_head": False, "root_token": True},
     }
     ts = time.time()
     hm = train_heads(model, tok, work / "heads", variants, num_seqs=a.num_seqs, valid_seqs=a.valid_seqs,

@@ -245,7 +245,6 @@ def _load(model, heads, dev: torch.device, dtype, tokenizer, prefix_cache, cost_
     elif isinstance(heads, MedusaHeads):
         # Heads built or trained elsewhere (often fp32 on the CPU) must run where the model runs.
         head_mod = heads.to(device=target.device, dtype=target.dtype).eval()
-        head_mod.bind_embeddings(hf_model.get_input_embeddings())  # root_token heads read this model's table
     elif heads == "random":
         head_mod = random_heads(hf_model)
     else:

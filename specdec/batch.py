@@ -491,11 +491,10 @@ class _SharedHeads:
         self.per_member = len(members) == 1
 
     def __call__(self, run: RunState) -> torch.Tensor:
-        roots = self.heads.config.root_token
         if not self.per_member and self.rows is None:
             h = torch.stack([m.run.h_last for m in self.members])  # [b, H]
             try:
-                rows = self.heads(h, [m.run.pending for m in self.members]) if roots else self.heads(h)
+                rows = self.heads(h)
             except (RuntimeError, ValueError, IndexError, TypeError):
                 rows = None
             if rows is None or rows.dim() != 3 or rows.shape[1] != len(self.members):
@@ -503,7 +502,7 @@ class _SharedHeads:
             else:
                 self.rows = rows
         if self.per_member:
-            return self.heads(run.h_last, run.pending) if roots else self.heads(run.h_last)  # [K, V]
+            return self.heads(run.h_last)  # [K, V]
         return self.rows[:, self.row[id(run)]]  # [K, V]
 
 

@@ -259,7 +259,7 @@ def _measure(engine: "Engine", cache, ids: torch.Tensor, ctx: int, deadline: flo
         kv_cache.keep_path(cache, ctx, [])
 
         def heads() -> None:
-            torch.topk(engine.head_logits(h, root=0).float().softmax(-1), 10, -1)[0].tolist()
+            torch.topk(engine.head_logits(h).float().softmax(-1), 10, -1)[0].tolist()
 
         def heads_then_forward() -> None:
             heads()
@@ -317,15 +317,14 @@ def fastest_projection_dtype(target: "TargetModel", heads: "MedusaHeads", reps: 
     states = target.forward(ids, kv_cache.new_cache(target.model))  # [16, H]
     hidden, K = states[-1], heads.config.num_heads  # [H]
     batch = states[-rows:] if rows > 1 else None  # [rows, H] (fewer when rows > 16)
-    roots = [0] * len(batch) if batch is not None else None
 
     def a_round() -> None:  # a forward, its vocabulary rows and their argmax, as a greedy round does
         target.logits(target.forward(ids, kv_cache.new_cache(target.model))).argmax(-1).tolist()
 
     def project() -> None:  # as `Engine.head_logits` and a batched round's shared call run the heads
-        heads.first(hidden, K, 0).float().argmax(-1).tolist()
+        heads.first(hidden, K).float().argmax(-1).tolist()
         if batch is not None:
-            (heads(batch, roots) if heads.config.root_token else heads(batch)).float().argmax(-1).tolist()
+            heads(batch).float().argmax(-1).tolist()
 
     def trial(ws: list[torch.Tensor]) -> float:
         heads.use_projection_weights(ws)

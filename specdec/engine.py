@@ -486,22 +486,17 @@ class Engine:
         """
         if run.shared_heads is not None:
             return run.shared_heads(run)[:k]
-        return self.head_logits(run.h_last, k, run.pending)
+        return self.head_logits(run.h_last, k)
 
-    def head_logits(self, hidden: torch.Tensor, k: int | None = None, root: int | None = None) -> torch.Tensor:
-        """The first k heads' logits (all: None) for one hidden state [H] -> [k, V]: a captured graph where there is one.
-
-        `root`, the token that hidden state produced (the tree's root), is read by root_token heads only.
-        """
+    def head_logits(self, hidden: torch.Tensor, k: int | None = None) -> torch.Tensor:
+        """The first k heads' logits (all: None) for one hidden state [H] -> [k, V]: a captured graph where there is one."""
         K = self.heads.config.num_heads
         k = K if k is None else min(k, K)
         hidden = hidden[..., : self.target.hidden_size]  # without the states an EAGLE-3 drafter reads
         if self.target.graphs is not None:
-            logits = self.target.graphs.heads(self.heads, hidden, k, root)
+            logits = self.target.graphs.heads(self.heads, hidden, k)
             if logits is not None:
                 return logits
-        if self.heads.config.root_token:
-            return self.heads.first(hidden, k, root)
         return self.heads.first(hidden, k) if k < K else self.heads(hidden)
 
     def _fill(self, tree: Tree, run: "RunState") -> tuple[list[int], list[float | None]]:

@@ -245,31 +245,24 @@ class Graphs:
         return hidden
 
     @torch.inference_mode()
-    def heads(self, heads, hidden: torch.Tensor, k: int, root: int | None = None) -> torch.Tensor | None:
-        """The first k heads' logits for hidden [H] (and the root token, for root_token heads) through a graph
-        -> [k, V]; None where they run eagerly."""
+    def heads(self, heads, hidden: torch.Tensor, k: int) -> torch.Tensor | None:
+        """The first k heads' logits for hidden [H] through a graph -> [k, V]; None where they run eagerly."""
         if not getattr(heads, "graph_safe", False):  # e.g. the bench's oracle, which looks things up on the host
             return None
-        if heads.config.root_token and root is None:
-            return None  # the eager call explains what is missing
         key = (id(heads), k)
         with self._lock:
             if key not in self._heads:
-                self._heads[key] = self._try(f"{k} draft heads", lambda: self._capture_heads(heads, hidden, k, root))
+                self._heads[key] = self._try(f"{k} draft heads", lambda: self._capture_heads(heads, hidden, k))
             entry = self._heads[key]
             if entry is None:
                 return None
-            owner, h, r, replay = entry  # the entry holds its heads, so their id cannot be reused meanwhile
+            owner, h, replay = entry  # the entry holds its heads, so their id cannot be reused meanwhile
             h.copy_(hidden)
-            if r is not None:
-                r.fill_(root)
             return replay().clone()
 
-    def _capture_heads(self, heads, hidden: torch.Tensor, k: int, root: int | None):
+    def _capture_heads(self, heads, hidden: torch.Tensor, k: int):
         h = hidden.detach().clone()  # [H] static input
-        r = torch.tensor(root, dtype=torch.long, device=h.device) if heads.config.root_token else None  # [] static
-        return heads, h, r, self.capture(lambda: heads.first(h, k, r) if r is not None else
-                                         (heads(h) if k >= heads.config.num_heads else heads.first(h, k)))
+        return heads, h, self.capture(lambda: heads(h) if k >= heads.config.num_heads else heads.first(h, k))
 
     def _try(self, what: str, build: Callable):
         try:

@@ -1,4 +1,4 @@
-"""Medusa draft heads (Cai et al., 2024), optionally reading the root token too.
+"""Medusa draft heads (Cai et al., 2024).
 
 Head k reads the target's last hidden state at position t and predicts
 token t+k+2: the target's own lm_head already gives t+1, which becomes
@@ -6,14 +6,6 @@ the tree's root. A head is `n` residual blocks `x + SiLU(Linear(x))`,
 zero-initialised so it starts as the identity, then a vocabulary
 projection: its own Linear initialised from the base lm_head, or the
 base lm_head itself (`shared_lm_head=True`, far smaller on disk).
-
-`root_token=True` heads also read the root's input embedding in their first
-block: `x + SiLU(W [x; e(root)] + b)`. In greedy decoding the root is the
-argmax the hidden state already implies; in sampled decoding it is a draw the
-hidden state cannot know, and a plain Medusa head then guesses token t+2
-averaged over every root the target might have drawn (as EAGLE and Hydra
-observed, a draft must see the sampled token). The root's columns start at
-zero, so such heads start as plain Medusa heads and can be fine-tuned from them.
 """
 from __future__ import annotations
 
@@ -39,46 +31,35 @@ class HeadsConfig:
     num_layers: int = 1  # residual blocks per head (Medusa's default is 1)
     shared_lm_head: bool = False  # reuse the target's lm_head instead of K copies
     base_model: str | None = None  # informational: what the heads were trained on
-    root_token: bool = False  # the first block also reads the root token's input embedding
 
 
 class ResBlock(nn.Module):
-    """x + SiLU(W [x; extra] + b), with W = 0 at init so the block is the identity.
+    """x + SiLU(W x + b), with W = 0 at init so the block is the identity."""
 
-    `extra` (width `extra_size`, 0 for none) is read but not carried on: the root's embedding.
-    """
-
-    def __init__(self, hidden_size: int, extra_size: int = 0) -> None:
+    def __init__(self, hidden_size: int) -> None:
         super().__init__()
-        self.linear = nn.Linear(hidden_size + extra_size, hidden_size)
+        self.linear = nn.Linear(hidden_size, hidden_size)
         nn.init.zeros_(self.linear.weight)
         nn.init.zeros_(self.linear.bias)
 
-    def forward(self, x: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
-        return x + nn.functional.silu(self.linear(x if extra is None else torch.cat([x, extra], -1)))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(x))
 
 
 class MedusaHeads(nn.Module):
-    """K heads. forward(hidden [..., H], root [...] token ids, for root_token heads) -> logits [K, ..., V]."""
+    """K heads. forward(hidden [..., H]) -> logits [K, ..., V]."""
 
-    def __init__(self, config: HeadsConfig, base_lm_head: nn.Module | None = None,
-                 input_embeddings: nn.Module | None = None) -> None:
+    def __init__(self, config: HeadsConfig, base_lm_head: nn.Module | None = None) -> None:
         super().__init__()
         self.config = config
         if config.num_heads < 1 or config.num_layers < 0:
             raise ValueError(f"num_heads must be >= 1 and num_layers >= 0, got {config.num_heads}, {config.num_layers}")
-        if config.root_token and config.num_layers < 1:
-            raise ValueError("root_token=True needs num_layers >= 1: the first residual block reads the root")
-        H, extra = config.hidden_size, config.hidden_size if config.root_token else 0
         # Every block is its own module: `[ResBlock(h)] * n` would share one.
         self.blocks = nn.ModuleList(
-            nn.Sequential(*[ResBlock(H, extra if i == 0 else 0) for i in range(config.num_layers)])
+            nn.Sequential(*[ResBlock(config.hidden_size) for _ in range(config.num_layers)])
             for _ in range(config.num_heads)
         )
-        # Plain lists keep the target's modules (lm_head, input embeddings) out of state_dict.
-        self._embed: list[nn.Module] = []
-        if input_embeddings is not None:
-            self.bind_embeddings(input_embeddings)
+        # A plain list keeps the target's lm_head out of state_dict.
         self._shared: list[nn.Module] = []
         if config.shared_lm_head:
             if base_lm_head is None:
@@ -93,30 +74,6 @@ class MedusaHeads(nn.Module):
                 with torch.no_grad():
                     for head in self.lm_heads:
                         head.weight.copy_(base_lm_head.weight)
-
-    def bind_embeddings(self, input_embeddings: nn.Module) -> None:
-        """Use the target's input embedding table for the root token (root_token heads; a no-op otherwise)."""
-        if self.config.root_token:
-            self._embed[:] = [input_embeddings]
-
-    def root_input(self, hidden: torch.Tensor, root) -> torch.Tensor | None:
-        """The root's embedding [..., H] in hidden's dtype, for root_token heads; None for plain Medusa heads.
-
-        `root`: token ids shaped like hidden without its last dimension (an int for one hidden state).
-        """
-        if not self.config.root_token:
-            return None
-        if root is None:
-            raise ValueError("these heads read the root token (root_token=True): pass `root`, the token ids "
-                             "the hidden states produced")
-        if not self._embed:
-            raise ValueError("root_token heads need the target's input embeddings: pass input_embeddings= "
-                             "or call bind_embeddings(model.get_input_embeddings())")
-        ids = torch.as_tensor(root, dtype=torch.long, device=hidden.device)
-        if ids.shape != hidden.shape[:-1]:
-            raise ValueError(f"`root` must have shape {tuple(hidden.shape[:-1])} (hidden without its last "
-                             f"dimension), got {tuple(ids.shape)}")
-        return self._embed[0](ids).to(hidden.dtype)
 
     @property
     def graph_safe(self) -> bool:
@@ -164,32 +121,27 @@ class MedusaHeads(nn.Module):
             return torch.nan_to_num(head(x.clamp(-big, big).to(w.dtype)).to(x.dtype))
         return head(x.to(w.dtype)).to(x.dtype)
 
-    def first(self, hidden: torch.Tensor, k: int, root=None) -> torch.Tensor:
+    def first(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
         """The first k heads' logits only (a cheap probe). [H] -> [k, V]"""
         if type(self).forward is not MedusaHeads.forward or self.config.shared_lm_head or k >= self.config.num_heads:
-            # a subclass computes its own way; shared heads cost one pass anyway
-            return (self(hidden, root) if self.config.root_token else self(hidden))[:k]
-        return self._run(hidden, k, root)
+            return self(hidden)[:k]  # a subclass computes its own way; shared heads cost one pass anyway
+        return self._run(hidden, k)
 
-    def forward(self, hidden: torch.Tensor, root=None) -> torch.Tensor:
-        return self._run(hidden, self.config.num_heads, root)
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._run(hidden, self.config.num_heads)
 
-    def head(self, k: int, hidden: torch.Tensor, root=None) -> torch.Tensor:
-        """Head k alone on hidden [..., H] (and its roots [...]) -> [..., V]: what training optimises."""
-        blocks, extra = self.blocks[k], self.root_input(hidden, root)
-        x = hidden
-        for i, block in enumerate(blocks):
-            x = block(x, extra if i == 0 else None)
-        return self.project(k, x)
+    def head(self, k: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Head k alone on hidden [..., H] -> [..., V]: what training optimises."""
+        return self.project(k, self.blocks[k](hidden))
 
-    def _run(self, hidden: torch.Tensor, k: int, root=None) -> torch.Tensor:
+    def _run(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
         """Heads 0..k-1 on hidden [..., H] -> [k, ..., V].
 
         Drafting runs this every round on one hidden state, where each torch call costs more than
         its arithmetic, so the k heads share calls: their first residual blocks are one product
         over the stacked weights, and the projections' dtype conversions happen once for all k.
         """
-        x = self._blocks(hidden, k, self.root_input(hidden, root))  # [k, ..., H]
+        x = self._blocks(hidden, k)  # [k, ..., H]
         if self.config.shared_lm_head:
             return self._shared[0](x)  # one pass over the shared vocabulary matrix, not K
         heads = self.lm_heads[:k]
@@ -202,16 +154,15 @@ class MedusaHeads(nn.Module):
         out = torch.stack([head(xin[i]) for i, head in enumerate(heads)]).to(x.dtype)
         return torch.nan_to_num(out) if narrow else out
 
-    def _blocks(self, hidden: torch.Tensor, k: int, extra: torch.Tensor | None = None) -> torch.Tensor:
-        """The first k heads' residual blocks on the same input (and root embedding): [..., H] -> [k, ..., H]."""
+    def _blocks(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
+        """The first k heads' residual blocks on the same input: [..., H] -> [k, ..., H]."""
         if self.config.num_layers == 0:
             return hidden.expand(k, *hidden.shape)
         lin = [blocks[0].linear for blocks in self.blocks[:k]]
-        # x + SiLU(W_i [x; e] + b_i) for every head i at once: [..., k*H] -> [k, ..., H] (one head: no copy)
+        # x + SiLU(W_i x + b_i) for every head i at once: [..., k*H] -> [k, ..., H] (one head: no copy)
         w, b = (lin[0].weight, lin[0].bias) if k == 1 else (torch.cat([m.weight for m in lin]),
                                                              torch.cat([m.bias for m in lin]))
-        inp = hidden if extra is None else torch.cat([hidden, extra], -1)
-        y = nn.functional.silu(nn.functional.linear(inp, w, b))
+        y = nn.functional.silu(nn.functional.linear(hidden, w, b))
         x = hidden + y.unflatten(-1, (k, hidden.shape[-1])).movedim(-2, 0)
         if self.config.num_layers == 1:
             return x
@@ -229,8 +180,6 @@ class MedusaHeads(nn.Module):
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         config = asdict(self.config)
-        if not config["root_token"]:  # plain Medusa heads' config stays readable by older specdec releases
-            del config["root_token"]
         (d / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
         state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in self.state_dict().items()}
         save_file(state, str(d / WEIGHTS_NAME), metadata={"format": "pt"})
@@ -258,7 +207,7 @@ def load_heads(directory: str | Path, target: nn.Module, device=None, dtype=None
             f"heads in {str(d)!r} were trained for hidden_size={config.hidden_size}, vocab_size={config.vocab_size}, "
             f"but the model has hidden_size={hidden}, vocab_size={vocab}"
         )
-    heads = MedusaHeads(config, target.get_output_embeddings(), target.get_input_embeddings())
+    heads = MedusaHeads(config, target.get_output_embeddings())
     try:
         state = load_file(str(d / WEIGHTS_NAME))
     except (FileNotFoundError, SafetensorError, OSError) as e:
@@ -279,15 +228,15 @@ def load_heads(directory: str | Path, target: nn.Module, device=None, dtype=None
 
 
 def random_heads(target: nn.Module, num_heads: int = 4, num_layers: int = 1, seed: int = 0,
-                 shared_lm_head: bool = True, scale: float = 0.5, root_token: bool = False) -> MedusaHeads:
+                 shared_lm_head: bool = True, scale: float = 0.5) -> MedusaHeads:
     """Seeded random heads, for tests and for models without trained heads.
 
     Zero-initialised heads would all copy the target's next-token guess, so
     the residual weights get a seeded random perturbation instead.
     """
     hidden, vocab = target_dims(target)
-    heads = MedusaHeads(HeadsConfig(hidden, vocab, num_heads, num_layers, shared_lm_head, root_token=root_token),
-                        target.get_output_embeddings(), target.get_input_embeddings())
+    heads = MedusaHeads(HeadsConfig(hidden, vocab, num_heads, num_layers, shared_lm_head),
+                        target.get_output_embeddings())
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, prm in heads.named_parameters():

@@ -94,9 +94,6 @@ def write_heads(heads: MedusaHeads, out: str | Path, fmt: str, tree=None, base_m
     if fmt == "specdec":
         heads.save(d, list(tree) if tree else None, dtype)
         return d
-    if heads.config.root_token:
-        raise ValueError(f"heads that read the root token (root_token=True) have no {fmt!r} layout: Medusa's and "
-                         "vLLM's heads read the hidden state alone; write them as 'specdec'")
     d.mkdir(parents=True, exist_ok=True)
     cfg = heads.config
     L = cfg.num_layers

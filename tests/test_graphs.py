@@ -82,23 +82,6 @@ def test_plain_and_heads_through_graphs(llama):
     assert {k for _, k in graphs._heads} == {1, 2, 4}
 
 
-def test_root_token_heads_through_graphs(llama):
-    """The captured heads read a static root that each call refills, and decoding stays exact."""
-    from specdec.heads import random_heads
-
-    loaded = graphed(llama, heads=random_heads(llama, shared_lm_head=False, seed=3, root_token=True))
-    engine, heads = loaded.engine, loaded.heads
-    h = torch.randn(llama.config.hidden_size)
-    for k in (1, 4):
-        for root in (5, 77, 5):
-            torch.testing.assert_close(engine.head_logits(h, k, root), heads(h, root)[:k], atol=1e-5, rtol=1e-5)
-    assert {k for _, k in engine.target.graphs._heads} == {1, 4}
-    for prompt in PROMPTS[:2]:
-        got = tokens(engine.stream(GenerationRequest(prompt, 30, tree="default", lookup=0)))
-        assert got == hf_greedy(llama, prompt, 30)
-    assert not engine.target.graphs.failures
-
-
 def test_after_any_commits_the_buffer_equals_a_fresh_prefill(llama):
     """Graphed rounds with random accepted paths: the pooled buffer's committed slots are a prefill's."""
     target = graphed(llama, heads=None).engine.target

@@ -107,28 +107,6 @@ def test_eagle_command_trains_a_drafter_that_learns_and_loads(peaked_model_dir, 
     assert {n.source for e in res.rounds for n in e.nodes} == {"root", "eagle3"}
 
 
-def test_heads_command_trains_root_token_heads_that_read_the_root(tiny_model_dir, tmp_path):
-    out = tmp_path / "root-heads"
-    args = ["heads", "--model", str(tiny_model_dir), "--out", str(out), "--device", "cpu", "--num-seqs", "8",
-            "--valid-seqs", "4", "--prompt-len", "16", "--gen-len", "12", "--gen-batch", "8", "--batch-size", "4",
-            "--max-steps", "3", "--num-heads", "2", "--eval-prompts", "0"]
-    with pytest.raises(SystemExit) as e:  # the first block reads the root: there must be one
-        train_main(args + ["--root-token", "--num-layers", "0"])
-    assert e.value.code == 2
-    assert train_main(args + ["--root-token"]) == 0
-    model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
-    heads, _ = load_heads(out / "heads", model)
-    assert heads.config.root_token
-    # training moved the root's columns off zero: the heads' drafts now depend on the root
-    assert heads.blocks[0][0].linear.weight[:, 32:].abs().sum() > 0
-    import torch
-    h = torch.randn(32)
-    assert not torch.equal(heads(h, 5), heads(h, 6))
-    res = specdec.generate(specdec.load(str(tiny_model_dir), heads=str(out / "heads")), prompt="def f(x):",
-                           max_new_tokens=8, temperature=0.8, seed=1)
-    assert res.stats["new_tokens"] == 8
-
-
 def test_heads_command_rejects_a_missing_model_path(tmp_path):
     with pytest.raises(SystemExit) as e:
         train_main(["heads", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])

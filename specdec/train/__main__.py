@@ -75,9 +75,6 @@ def main(argv=None, prog: str = "python -m specdec.train") -> int:
     h.add_argument("--num-heads", type=int, default=4)
     h.add_argument("--num-layers", type=int, default=1)
     h.add_argument("--shared-lm-head", action="store_true", help="reuse the model's lm_head (small on disk)")
-    h.add_argument("--root-token", action="store_true",
-                   help="heads also read the root token's embedding (what a sampled round drew): better drafts "
-                        "when sampling; specdec's own layout only, not Medusa's or vLLM's")
     h.add_argument("--batch-size", type=int, default=32)
     h.add_argument("--lr", type=float, default=1e-3)
     h.add_argument("--max-seconds", type=float, default=120.0)
@@ -199,8 +196,6 @@ def _check_heads_args(ap, a) -> None:
             ap.error(f"{a.cmd}: --{name.replace('_', '-')} must be >= {low}, got {value}")
     if not 0 <= a.greedy_frac <= 1:
         ap.error(f"{a.cmd}: --greedy-frac must be in [0, 1], got {a.greedy_frac}")
-    if getattr(a, "root_token", False) and a.num_layers < 1:
-        ap.error(f"{a.cmd}: --root-token needs --num-layers >= 1 (the first residual block reads the root)")
     try:
         hub.check(a.model, "model")
     except ValueError as e:
@@ -265,8 +260,7 @@ def _heads(ap, a, argv) -> int:
     model, tok, train_ids, valid_ids, source = _model_and_prompts(ap, a)
     try:
         out = Path(a.out)
-        variant = {"num_heads": a.num_heads, "num_layers": a.num_layers, "shared_lm_head": a.shared_lm_head,
-                   "root_token": a.root_token}
+        variant = {"num_heads": a.num_heads, "num_layers": a.num_layers, "shared_lm_head": a.shared_lm_head}
         metrics = train_heads(model, tok, out, {"heads": variant}, prompt_len=a.prompt_len, gen_len=a.gen_len,
                               gen_batch=a.gen_batch, batch=a.batch_size, lr=a.lr, max_seconds=a.max_seconds,
                               max_steps=a.max_steps, device=a.device, seed=a.seed, train_prompts=train_ids,

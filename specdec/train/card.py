@@ -42,8 +42,6 @@ def render_card(metrics: dict, variant: str, heads_dir: Path) -> str:
         "",
         f"{cfg['num_heads']} Medusa-1 draft heads ({cfg['num_layers']} residual block(s) each, "
         + ("the base model's own `lm_head`" if cfg.get("shared_lm_head") else "own vocabulary projection")
-        + (", the first block also reading the root token's embedding: specdec's layout only"
-           if cfg.get("root_token") else "")
         + f", {v.get('params', 0):,} trainable parameters) for lossless speculative decoding with "
         "specdec. The base model was frozen; the heads learned its own continuations "
         "(self-distillation).",

@@ -31,11 +31,9 @@ log = logging.getLogger("specdec.train")
 
 
 def _targets(hidden: torch.Tensor, seq: torch.Tensor, gen: torch.Tensor, shift: int):
-    """Hidden states [M, H], their roots (token t+1) [M] and targets [M] at the positions whose token t+shift
-    was generated."""
+    """Hidden states [M, H] and targets [M] at the positions whose token t+shift was generated."""
     keep = gen[:, shift:]  # [B, T-shift]
-    T = seq.shape[1]
-    return hidden[:, :-shift][keep], seq[:, 1:T - shift + 1][keep], seq[:, shift:][keep]
+    return hidden[:, :-shift][keep], seq[:, shift:][keep]
 
 
 def head_losses(heads: MedusaHeads, hidden: torch.Tensor, seq: torch.Tensor, gen: torch.Tensor,
@@ -43,11 +41,11 @@ def head_losses(heads: MedusaHeads, hidden: torch.Tensor, seq: torch.Tensor, gen
     """Weighted Medusa loss and per-head losses. hidden: [B, T, H], seq and gen (targets): [B, T]."""
     total, parts = 0.0, []
     for k in range(heads.config.num_heads):
-        h, root, y = _targets(hidden, seq, gen, k + 2)  # [M, H], [M], [M]
+        h, y = _targets(hidden, seq, gen, k + 2)  # [M, H], [M]
         if y.numel() == 0:
             parts.append(float("nan"))
             continue
-        logits = heads.head(k, h, root).float()  # [M, V]
+        logits = heads.head(k, h).float()  # [M, V]
         loss = torch.nn.functional.cross_entropy(logits, y)
         total = total + (weight_decay_base ** k) * loss
         parts.append(float(loss.detach()))
@@ -61,10 +59,10 @@ def head_accuracy(heads: MedusaHeads, hidden: torch.Tensor, seq: torch.Tensor, g
     K = heads.config.num_heads
     hits, counts = np.zeros((K, ranks)), np.zeros(K)
     for k in range(K):
-        h, root, y = _targets(hidden, seq, gen, k + 2)
+        h, y = _targets(hidden, seq, gen, k + 2)
         if y.numel() == 0:
             continue
-        top = torch.topk(heads.head(k, h, root).float(), ranks, dim=-1).indices  # [M, R]
+        top = torch.topk(heads.head(k, h).float(), ranks, dim=-1).indices  # [M, R]
         hits[k] = (top == y[:, None]).float().sum(0).cpu().numpy()
         counts[k] = y.numel()
     return hits, counts
@@ -97,8 +95,8 @@ def train_heads(model, tokenizer, out_dir: str | Path, variants: dict[str, dict]
     log.info("distilled %d train sequences (%d new tokens) and %d held-out in %.0f s", len(train),
              train.generated_tokens, len(valid), distill_s)
     name = getattr(model.config, "_name_or_path", None) or type(model).__name__
-    heads = {k: MedusaHeads(HeadsConfig(hidden_size, vocab, base_model=name, **v), model.get_output_embeddings(),
-                            model.get_input_embeddings()).to(dev, torch.float32) for k, v in variants.items()}
+    heads = {k: MedusaHeads(HeadsConfig(hidden_size, vocab, base_model=name, **v), model.get_output_embeddings()
+                            ).to(dev, torch.float32) for k, v in variants.items()}
     params = [p for h in heads.values() for p in h.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
