@@ -159,7 +159,7 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
         cost_cache: None (default) measures the dynamic tree's round costs on first use in each
             process (well under 2 s), so a busy moment long ago cannot size today's trees; a folder,
             or True for $SPECDEC_CACHE (default ~/.cache/specdec), keeps them per model, device and
-            dtype across processes (refresh with `engine.refresh_cost(events)`).
+            dtype across processes.
         max_batch_size: requests decoded together by `Loaded.scheduler` (1: one at a time).
         cuda_graphs: replay captured CUDA graphs of the target forward and the heads (`specdec.graphs`);
             None (default) turns them on where the model runs on CUDA. True on another device is refused.

@@ -9,8 +9,7 @@ forward of the draft heads (and their top-k), overhead is everything else a plai
 the host (tree buffers, verification, commit, event), and verify is what sampled verification
 adds for each further node it visits (filtering and sampling one more row; greedy verification
 takes every row in one product, so for it the extra is in forward(N)). None of these is assumed: `measure`
-times them on the loaded model in a couple of seconds, and `refreshed` folds in the running
-engine's own round timings. On a CPU forward(N) grows with N; on a GPU it is nearly flat up to
+times them on the loaded model in a couple of seconds. On a CPU forward(N) grows with N; on a GPU it is nearly flat up to
 tens of nodes, which is why the same policy drafts small trees on one and big trees on the other.
 """
 from __future__ import annotations
@@ -21,9 +20,9 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -39,7 +38,6 @@ if TYPE_CHECKING:
 
 NODE_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # where forward(N) is timed
 CONTEXT = 128  # committed tokens during measurement: a typical prompt plus some output
-REFRESH_WEIGHT = 0.05  # per round of evidence: how far a refresh moves a figure toward the engine's own timings
 
 
 @dataclass(frozen=True)
@@ -82,34 +80,6 @@ class CostModel:
         drafted = self.drafted_s if n > 1 else 0.0
         return self.forward(n) + self.heads_s * float(heads) + self.overhead_s + drafted + extra
 
-    def refreshed(self, rounds: Iterable["RoundCost"], weight: float = REFRESH_WEIGHT) -> "CostModel":
-        """The model moved toward what finished rounds of this engine cost (`round_cost` of each event).
-
-        What the policy trades against is a whole round outside its heads: the forward, the
-        vocabulary rows, verification, commit and event, each of which grows with the tree. So each
-        measured node count's figure moves until `round_time(n, False)` meets the median of the
-        rounds whose size is nearest to it, and `heads_s` toward what the draft step took when every
-        head ran. A figure backed by k rounds moves by 1 - (1 - weight)**k of the way: a few rounds
-        nudge it, many settle it. Measured at load, isolated forwards miss most of the per-node host
-        work (embedded model, 2-core CPU: a 16-node round cost 0.8 ms more than a 5-node one, where
-        the load-time model said 0.01 ms).
-        """
-        by_n: dict[int, list[float]] = {}
-        heads: list[float] = []
-        for r in rounds:
-            at = min(self.nodes, key=lambda x: (abs(x - r.nodes), x))
-            by_n.setdefault(at, []).append(r.cost_s - self.overhead_s - (self.drafted_s if at > 1 else 0.0))
-            if r.heads_s is not None:
-                heads.append(r.heads_s)
-
-        def blend(old: float, xs: list[float]) -> float:
-            return old + (1.0 - (1.0 - weight) ** len(xs)) * (statistics.median(xs) - old) if xs else old
-
-        forward = [blend(y, by_n.get(x, [])) for x, y in zip(self.nodes, self.forward_s)]
-        for i in range(1, len(forward)):  # a bigger tree never costs less
-            forward[i] = max(forward[i], forward[i - 1])
-        return replace(self, forward_s=tuple(max(f, 0.0) for f in forward), heads_s=blend(self.heads_s, heads))
-
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
@@ -118,31 +88,6 @@ class CostModel:
         d = json.loads(text)
         return cls(tuple(d["nodes"]), tuple(d["forward_s"]), d["heads_s"], d["overhead_s"], d.get("key", ""),
                    d.get("verify_s", 0.0), d.get("drafted_s", 0.0))
-
-
-class RoundCost(NamedTuple):
-    """What one finished round cost, as `CostModel.refreshed` learns from it."""
-
-    nodes: int  # tree size, root included (1: a plain round)
-    cost_s: float  # the round outside its draft step, less sampled verification's per-node draws
-    heads_s: float | None  # the draft step, when every head ran in it (None otherwise)
-
-
-def round_cost(ev: "RoundEvent", verify_s: float = 0.0) -> RoundCost | None:
-    """A decoding round's cost from its event's timings (None for the prefill).
-
-    The draft step is where the heads, and the dynamic tree's scoring and choice, run: it is
-    charged to the heads. Sampled verification draws once per visited node after the root
-    (`verify_s` each), which `CostModel.round_time` adds for itself.
-    """
-    t = ev.timings
-    if ev.index == 0 or "total" not in t:
-        return None
-    draft = t.get("draft", 0.0) / 1e3
-    cost = t["total"] / 1e3 - draft
-    if ev.params.get("temperature", 0.0) > 0:
-        cost -= verify_s * max(len(ev.accepted_path) - 1, 0)
-    return RoundCost(max(len(ev.nodes), 1), cost, draft if ev.extra.get("heads_ran") == 1 else None)
 
 
 def model_key(engine: "Engine") -> str:

@@ -83,10 +83,6 @@ class Engine:
         self._cost = cost
         self._cost_cache = cost_cache
         self._cost_lock = threading.Lock()
-        # With `set_cost_model(model, learn=True)` the model follows this engine's own rounds after each
-        # solo request (`CostModel.refreshed`). Off by default: its figures are closer to the truth, yet it
-        # made the dynamic tree slower on the embedded model (BENCHMARKS.md, "Measured, and not paying").
-        self._cost_learns = False
         # What finished requests taught the dynamic tree (None: every request starts cold).
         self.policy_memory: PolicyMemory | None = PolicyMemory()
 
@@ -112,28 +108,10 @@ class Engine:
                 self._cost = cost_mod.load_or_measure(self, self._cost_cache)
             return self._cost
 
-    def set_cost_model(self, model: cost_mod.CostModel, learn: bool = False) -> None:
-        """Use this cost model for later requests (a measured one from elsewhere, or a test's): held as
-        given, or with `learn`, refreshed after each solo request from its rounds' own timings."""
-        if not isinstance(learn, bool):
-            raise ValueError(f"`learn` must be True or False, got {learn!r}")
+    def set_cost_model(self, model: cost_mod.CostModel) -> None:
+        """Use this cost model for later requests (a measured one from elsewhere, or a test's)."""
         with self._cost_lock:
-            self._cost, self._cost_learns = model, learn
-
-    def refresh_cost(self, events: Iterable[RoundEvent]) -> cost_mod.CostModel:
-        """Move the cost model toward these finished rounds' own timings (and save it where it is cached).
-
-        Later requests size their trees by the refreshed model; a running request keeps its own.
-        """
-        verify_s = self.cost_model().verify_s
-        return self._refresh([r for r in (cost_mod.round_cost(ev, verify_s) for ev in events) if r is not None])
-
-    def _refresh(self, rounds: list[cost_mod.RoundCost]) -> cost_mod.CostModel:
-        with self._cost_lock:
-            model = self._cost = self._cost.refreshed(rounds)
-        if self._cost_cache is not None:
-            cost_mod.save(model, cost_mod.cache_file(self._cost_cache, model.key))
-        return model
+            self._cost = model
 
     def next_logits(self, prompt_ids) -> torch.Tensor:
         """The target's logits for the token after `prompt_ids`: one cache-free forward. -> [V] float32, CPU."""
@@ -219,8 +197,6 @@ class Engine:
             clock.lap("cache")
             self._learn(run, draft, verdict, params)
             ev = self._event(run, index, draft, verdict, emitted, params, clock)
-            if index and run.costs is not None:
-                run.costs.append(cost_mod.round_cost(ev, self._cost.verify_s))
             for cb in callbacks:
                 cb(ev)
             yield ev
@@ -229,14 +205,11 @@ class Engine:
             index += 1
 
     def remember(self, run: "RunState", failed: bool = False) -> None:
-        """A request is done: what its dynamic tree learned goes to the engine's memory, and what its
-        rounds cost to the cost model, where it learns (not after a failure)."""
+        """A request is done: what its dynamic tree learned goes to the engine's memory (not after a failure)."""
         if failed:
             return
         if run.policy is not None and self.policy_memory is not None:
             self.policy_memory.learn(run.policy)
-        if run.costs and self._cost_learns and self._cost is not None:
-            self._refresh(run.costs)
 
     def _open(self, plan: Plan) -> "RunState":
         """A request's own state: position uniforms, decoder, lookup index, and a KV buffer sized once, for the
@@ -263,7 +236,6 @@ class Engine:
         # Drawn for greedy requests too: a live slider can turn one into a sampled request midway.
         return RunState(plan, cache, hit, seed, position_uniforms(seed, outputs),
                         IncrementalDecoder(self.tokenizer), ngram, limit=target.max_length or 1 << 62, policy=policy,
-                        costs=[] if self._cost_learns and self._cost is not None else None,
                         eagle=self.eagle_drafter.start() if plan.drafter == "eagle3" else None)
 
     # -- the four steps -----------------------------------------------------------

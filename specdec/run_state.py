@@ -61,9 +61,6 @@ class RunState:
     finished: str | None = None
     policy: DynamicTree | None = None  # the "auto" tree policy's per-request state
     shared_heads: Callable[["RunState"], torch.Tensor] | None = None  # a batched round's heads, for all members at once
-    # What each solo round cost (`cost.round_cost`), for the engine's cost model to learn from at the end
-    # (None: it does not learn; a batched round's timings are the batch's, not the request's).
-    costs: list | None = None
     eagle: "EagleRun | None" = None  # the EAGLE-3 drafter's state, when it drafts this request
 
 

@@ -8,7 +8,6 @@ import pytest
 import specdec
 from specdec import cost as cost_mod
 from specdec.cost import CostModel
-from specdec.events import RoundEvent
 
 
 def model() -> CostModel:
@@ -41,24 +40,6 @@ def test_json_round_trip():
     assert CostModel.from_json(m.to_json()) == m
 
 
-def event(index: int, nodes: int, draft_ms: float, total_ms: float, heads: bool, temperature: float = 0.0,
-          path: int = 1) -> RoundEvent:
-    return RoundEvent(index, (None,) * nodes, tuple(range(path)), (), {"temperature": temperature}, "greedy", True,
-                      {"draft": draft_ms, "forward": total_ms / 2, "total": total_ms}, 1,
-                      extra={"heads_ran": 1.0} if heads else {})
-
-
-def test_a_rounds_cost_is_its_time_outside_the_draft_step():
-    assert cost_mod.round_cost(event(0, 0, 0.0, 60.0, False)) is None  # the prefill is not a round of the model
-    assert cost_mod.round_cost(event(3, 4, 1.0, 5.2, True)) == pytest.approx((4, 4.2e-3, 1e-3))
-    assert cost_mod.round_cost(event(3, 0, 0.1, 2.1, False)) == pytest.approx((1, 2e-3, None))
-    probe = cost_mod.round_cost(event(3, 2, 0.4, 3.4, False))  # a probe: the heads' figure learns nothing
-    assert probe.heads_s is None
-    # sampled: the per-node draws of the 3 nodes after the root on the accepted path are round_time's own term
-    assert cost_mod.round_cost(event(3, 8, 1.0, 6.0, True, 0.7, path=4), verify_s=1e-4).cost_s \
-        == pytest.approx(5e-3 - 3e-4)
-
-
 def test_the_overheads_leave_out_the_rows_that_forward_already_times(llama, monkeypatch):
     """forward(N) is timed with its rows: a round's overhead must not count them a second time."""
     engine = specdec.load(llama, heads="random", device="cpu").engine
@@ -75,24 +56,6 @@ def test_the_overheads_leave_out_the_rows_that_forward_already_times(llama, monk
     curve = lambda n: 1.2e-3 if n == 1 else 1.4e-3  # noqa: E731
     assert cost_mod._overhead(engine, [1, 2, 3, 4], curve) == pytest.approx(0.8e-3)  # 2.0 - 1.2 ms
     assert cost_mod._drafted_overhead(engine, [1, 2, 3] * 6, 0.3e-3, curve) == pytest.approx(0.3e-3)  # 2.0-1.4-0.3
-
-
-def test_refresh_moves_toward_the_engines_own_round_costs():
-    m = model()  # overhead 0.1 ms, heads 0.5 ms
-    rounds = [cost_mod.round_cost(event(i, 4, 1.0, 5.1, True)) for i in range(1, 6)]
-    r = m.refreshed(rounds, weight=0.5)
-    share = 1 - 0.5 ** 5  # five rounds of evidence move a figure most of the way
-    assert r.round_time(4, False) == pytest.approx(m.round_time(4, False) + share * (4.1e-3 - m.round_time(4, False)))
-    assert r.forward_s[:2] == m.forward_s[:2]  # counts with no rounds keep their measurement
-    assert r.heads_s == pytest.approx(5e-4 + share * (1e-3 - 5e-4))
-    one = m.refreshed(rounds[:1], weight=0.5)  # one round moves it half as far
-    assert one.forward_s[2] == pytest.approx(2e-3 + 0.5 * (4e-3 - 2e-3))
-    slow = m.refreshed([cost_mod.round_cost(event(1, 1, 0.0, 9.0, False))], weight=1.0)
-    assert slow.round_time(1, False) == pytest.approx(9e-3)
-    assert list(slow.forward_s) == sorted(slow.forward_s)  # a bigger tree never costs less
-    # a 3-node round is nearest to the 2-node figure (ties go to the smaller count)
-    assert m.refreshed([cost_mod.round_cost(event(1, 3, 0.0, 3.1, False))], weight=1.0).forward_s[1] \
-        == pytest.approx(3e-3)
 
 
 @pytest.fixture(scope="module")
@@ -124,39 +87,6 @@ def test_a_damaged_cache_file_is_measured_again(loaded, tmp_path):
     key = cost_mod.model_key(loaded.engine)
     (tmp_path / f"cost-{key}.json").write_text("{not json")
     assert cost_mod.load_or_measure(loaded.engine, tmp_path).key == key
-
-
-def test_engine_measures_once_and_refreshes(llama, tmp_path):
-    engine = specdec.load(llama, heads="random", device="cpu").engine
-    engine._cost_cache = str(tmp_path)
-    m = engine.cost_model()
-    assert engine.cost_model() is m
-    events = list(engine.stream([1, 2, 3], 12, tree="auto", eos_token_id=None))
-    assert engine.cost_model() is m  # it learns only when asked to
-    refreshed = engine.refresh_cost(events)
-    assert engine.cost_model() is refreshed and refreshed != m and refreshed.nodes == m.nodes
-    assert cost_mod.CostModel.from_json((tmp_path / f"cost-{m.key}.json").read_text()) == refreshed
-
-
-def test_a_given_cost_model_is_held_unless_it_may_learn(llama):
-    engine = specdec.load(llama, heads="random", device="cpu").engine
-    fixed = model()
-    engine.set_cost_model(fixed)
-    list(engine.stream([1, 2, 3], 12, tree="auto", eos_token_id=None))
-    assert engine.cost_model() is fixed
-    engine.set_cost_model(fixed, learn=True)
-    list(engine.stream([1, 2, 3], 12, tree="auto", eos_token_id=None))
-    assert engine.cost_model() != fixed
-
-    def bad(ev):
-        if ev.index == 2:
-            raise RuntimeError("a callback fails")
-    engine.set_cost_model(fixed, learn=True)
-    with pytest.raises(RuntimeError):
-        list(engine.stream([1, 2, 3], 12, tree="auto", eos_token_id=None, on_round=bad))
-    assert engine.cost_model() is fixed  # a failed request teaches nothing
-    with pytest.raises(ValueError, match="`learn` must be True or False"):
-        engine.set_cost_model(fixed, learn="yes")
 
 
 def test_forward_curve_is_the_nearest_nondecreasing_fit():
