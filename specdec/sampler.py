@@ -193,16 +193,6 @@ def position_uniforms(seed: int, n: int) -> list[float]:
     return torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).tolist()
 
 
-def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> tuple[int, float]:
-    """Plain decoding step: returns (token id, its probability under p). logits: [V]."""
-    if params.greedy:
-        tok = int(logits.argmax().item())
-        return tok, float(torch.softmax(finite_logits(logits.float()), -1)[tok].item())
-    p = target_probs(logits, params)
-    tok = sample(p, generator)
-    return tok, float(p[tok].item())
-
-
 def filter_stages(logits: torch.Tensor, params: SamplingParams, top: int = 20) -> list[dict]:
     """Explain the filters for the UI's sampler view. logits: [V].
 

@@ -6,7 +6,7 @@ import torch
 
 import specdec
 from conftest import reference_probs
-from specdec.sampler import SamplingParams, filter_logits, filter_stages, next_token, sample, target_probs
+from specdec.sampler import SamplingParams, filter_logits, filter_stages, sample, target_probs
 
 NEG = float("-inf")
 
@@ -157,19 +157,17 @@ def test_greedy_is_one_hot_argmax():
     rows = random_rows(10, 20, seed=8, with_inf=True)
     p = target_probs(rows, SamplingParams(temperature=0.0))
     assert torch.equal(p, torch.nn.functional.one_hot(rows.argmax(-1), 20).float())
-    tok, prob = next_token(rows[0], SamplingParams(), None)
-    assert tok == int(rows[0].argmax()) and 0 < prob <= 1
 
 
-def test_next_token_is_seeded_and_follows_p():
+def test_sample_is_seeded_and_follows_p():
     from scipy.stats import chisquare
 
     row = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
     params = SamplingParams(temperature=0.9, top_k=4, top_p=0.95, min_p=0.05)
     p = target_probs(row, params)
     g1, g2 = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
-    a = [next_token(row, params, g1)[0] for _ in range(50)]
-    b = [next_token(row, params, g2)[0] for _ in range(50)]
+    a = [sample(p, g1) for _ in range(50)]
+    b = [sample(p, g2) for _ in range(50)]
     assert a == b
     g = torch.Generator().manual_seed(12)
     n = 4000
@@ -308,9 +306,7 @@ def test_plus_inf_logits_take_all_the_mass_without_nan(params):
     p = target_probs(logits, params)
     assert p[7] == p[9] == 0.5 and p.sum() == 1.0
     g = torch.Generator().manual_seed(0)
-    assert {next_token(logits, params, g)[0] for _ in range(50)} == {7, 9}
-    tok, prob = next_token(logits, SamplingParams(), g)  # greedy: the probability shown is finite
-    assert tok in (7, 9) and prob == 0.5
+    assert {sample(p, g) for _ in range(50)} == {7, 9}
     rows = filter_stages(logits, params)
     assert not any(r["prob"] != r["prob"] or r["filtered_prob"] != r["filtered_prob"] for r in rows)
 
