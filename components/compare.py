@@ -11,6 +11,7 @@ from .session import Session
 from .tokens import render_round
 from .updates import Throttle, prompt_html, user_error
 
+RACE_PAIRS = 3  # the shown race, then repeats with the lanes' order swapped in turn: one pair's ratio is noisy
 COMPARE_HINT = ("**Compare**: race speculative against plain decoding (or against another drafter), side by side, "
                 "and see why one wins.")
 
@@ -33,7 +34,8 @@ class RaceView:
         value of the drafter-and-tree menu), with identical settings and seed; explain the ratio.
 
         Both lanes advance on one engine clock: the lane that has used less engine time runs the
-        next round, so the two panes grow as fast as each decoder really is."""
+        next round, so the two panes grow as fast as each decoder really is. Then the race is timed again
+        (`RACE_PAIRS` pairs in all, the lanes' order swapped in turn) and the median ratio is the verdict."""
         values = [v for _, v in self.tree_choices]
         if versus != "plain" and versus not in values:
             raise user_error(ValueError(f"`versus` must be 'plain' or one of {values}, got {versus!r}"))
@@ -58,9 +60,11 @@ class RaceView:
                 return settings.request(ids, params, lane, n)
             return other.request(ids, params, True, n)
 
+        pairs: list[tuple[float, float]] = []  # each pair's engine seconds (first lane, second lane)
+
         def view(done: bool) -> tuple:
             s, b = lanes[True], lanes[False]
-            md = race_markdown(s["events"], s["seconds"], b["events"], b["seconds"], done=done,
+            md = race_markdown(s["events"], b["events"], pairs or [(s["seconds"], b["seconds"])], done=done,
                                max_new_tokens=settings.max_new_tokens, greedy=params.greedy,
                                acceptance=settings.acceptance, device=self.gate.device_name,
                                temperature=params.temperature, names=names, drafters=other is not None)
@@ -94,6 +98,21 @@ class RaceView:
                 lane["prev"] = ev.params
                 if tick():
                     yield view(False)
+            pairs.append((lanes[True]["seconds"], lanes[False]["seconds"]))
+            for i in range(1, RACE_PAIRS):
+                if run.stopped:
+                    break
+                md, a, b = view(False)
+                yield (f"**Timing the race again: pair {i + 1} of {RACE_PAIRS}** (same tokens, lanes in turn)\n\n"
+                       + md.split("\n\n", 1)[1]), a, b
+                seconds = {}
+                for spec in ((False, True) if i % 2 else (True, False)):
+                    self.gate.close(streams[spec])
+                    streams[spec] = self.gate.stream(request(spec), solo=True, should_stop=stop)
+                    seconds[spec] = 0.0
+                    while (step := self.gate.step(streams[spec]))[0] is not None:
+                        seconds[spec] += step[1]
+                pairs.append((seconds[True], seconds[False]))
         finally:
             for s in streams.values():
                 self.gate.close(s)

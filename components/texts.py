@@ -59,7 +59,7 @@ API = {
     "compare": "Race speculative decoding against plain decoding, or against another drafter and tree, on the same "
                "prompt, settings and seed. Same inputs as /generate, less `speculative`, then `versus`: 'plain' "
                "(default) or a value of the drafter-and-tree menu (`tree`'s choices). Returns the race table with "
-               "the measured ratio and its explanation, then both texts as HTML.",
+               "the median ratio over interleaved pairs of runs, its range and its explanation, then both texts as HTML.",
     "stop": "Stop this client's running generation or race within one round.",
     "set_sampling": "Retune temperature, top_k, top_p and min_p live (a running generation applies them from its "
                     "next round) and return the sampler view at the current position.",

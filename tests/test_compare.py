@@ -13,7 +13,8 @@ def test_compare_races_both_lanes_and_checks_greedy_identity(handlers):
     out = list(handlers.compare("def f(x):", *race_controls(max_new_tokens=6), session))
     assert out[0][0] == "Warming up both decoders…"
     last = out[-1]
-    assert "identical" in last[0] and "Measured ratio" in last[0]
+    assert "identical" in last[0] and "Median ratio" in last[0] and "over 3 interleaved pairs" in last[0]
+    assert any("pair 3 of 3" in u[0] for u in out)  # the race was timed again, its lanes in turn
     assert last[1].count("sd-tok") == 6 and last[2].count("sd-baseline") == 6
     assert session.active is None and session.run is None  # a race is not the session's Generate run
 
