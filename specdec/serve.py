@@ -330,7 +330,7 @@ def build_server(loaded, *, metrics: Metrics | None = None, ui=None) -> FastAPI:
     if ui is not None:  # last: a mount at "/" shadows every route added after it
         import gradio as gr
 
-        from .__main__ import demo_module
+        from .cli import demo_module
 
         app = gr.mount_gradio_app(app, ui, path="/", **demo_module().launch_kwargs())
     return app

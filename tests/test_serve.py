@@ -18,7 +18,8 @@ from transformers import AutoTokenizer
 
 import specdec
 from specdec.metrics import Metrics
-from specdec.__main__ import demo_module, serve_args
+from specdec.__main__ import serve_args
+from specdec.cli import demo_module
 from specdec.__main__ import serve as main
 from specdec.serve import build_server
 from conftest import wait_until

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import hub
-from ..__main__ import DEFAULTS
+from ..cli import DEFAULTS
 from .prompts import DEFAULT_FIELDS
 
 
