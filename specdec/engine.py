@@ -389,8 +389,6 @@ class Engine:
         kind = verdict.next_kind if speculative else "baseline"
         proposed += (EmittedToken(verdict.next_token, "", kind, None, verdict.next_prob),)
         tokens, run.finished = cut(proposed, run.produced, run.plan, run.committed, run.limit)
-        if run.finished and run.plan.request.last_law:  # proposed[i] was drawn from row accepted[i]
-            run.law_row = hidden[verdict.accepted[len(tokens) - 1]]
         run.produced += len(tokens)
         emitted = with_text(tokens, run.detok, run.finished)
         run.pending = emitted[-1].token_id
@@ -442,9 +440,6 @@ class Engine:
             extra["heads_ran"] = draft.heads_ran  # the share of the heads: 1, or 1/K for a probe
         if draft is not None and draft.match:
             extra["lookup_match"] = draft.match  # the n-gram the lookup chain followed: 1, 2, 3, ...
-        if run.law_row is not None:  # the finished event: the law its last token was drawn from
-            logits = self.target.logits(run.law_row).float().cpu()  # [V]
-            extra["last_law"] = filter_stages(logits, params, run.plan.request.last_law)
         return RoundEvent(index, nodes, tuple(path), emitted, params.to_dict(), run.plan.rule(params),
                           run.plan.request.speculative, clock.total(), run.produced, run.finished,
                           prompt_tokens=len(run.plan.ids), prefix_cache_hit=run.hit if index == 0 else 0,

@@ -53,9 +53,6 @@ class GenerationRequest:
     lookup_mode: "first" (a round with a match drafts the chain alone) or "merge" (into the heads' tree).
     drafter: which model drafts: "auto" (the engine's default), "medusa" (the heads) or "eagle3"; an
         EAGLE-3 drafter grows its own tree each round (EAGLE-2), so with it `tree` is "auto" or "trained".
-    last_law: with the finished event (`extra["last_law"]`), the law the last token was drawn from, as
-        `sampler.filter_stages` rows for its `last_law` likeliest tokens, read from that round's own
-        forward (0 = none). The app's sampler view shows it instead of running a forward of its own.
     """
 
     prompt_ids: tuple[int, ...]
@@ -68,7 +65,6 @@ class GenerationRequest:
     lookup: int = 0
     lookup_ngram: int = 3
     lookup_mode: str = "first"
-    last_law: int = 0
     drafter: str = "auto"
 
     def __post_init__(self) -> None:
@@ -92,9 +88,6 @@ class GenerationRequest:
             raise ValueError(f"`lookup_mode` must be one of {LOOKUP_MODES}, got {self.lookup_mode!r}")
         if self.drafter not in DRAFTERS:
             raise ValueError(f"`drafter` must be one of {DRAFTERS}, got {self.drafter!r}")
-        if not _is_int(self.last_law) or self.last_law < 0:
-            raise ValueError(f"`last_law` must be an integer >= 0 (rows of the last token's law; 0 = none), "
-                             f"got {self.last_law!r}")
         eos = self.eos_token_id
         if not (eos is None or eos == "auto" or _is_int(eos)
                 or (isinstance(eos, Iterable) and not isinstance(eos, str) and all(_is_int(e) for e in eos))):

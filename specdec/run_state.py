@@ -56,7 +56,6 @@ class RunState:
     committed: int = 0  # tokens in the KV buffer; the pending token is fed next round
     pending: int = -1
     h_last: torch.Tensor | None = None  # [H] hidden state of the last committed token
-    law_row: torch.Tensor | None = None  # [H] the row the last token was drawn from, once finished (`last_law`)
     produced: int = 0
     finished: str | None = None
     policy: DynamicTree | None = None  # the "auto" tree policy's per-request state
