@@ -26,22 +26,24 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from . import kv_cache
-from .engine import Engine
+from .events import RoundEvent
 from .run_state import Draft, RunState
 from .sampler import SamplingParams
 from .stopwatch import Stopwatch
 from .verifier import Verdict, all_rows_at_once, verify_greedy_batch
 
+if TYPE_CHECKING:
+    from .engine import Engine
+
 # fault_hook(request id, round index, step) is called before each step of each request; whatever it
 # raises is handled as that step's own failure (tests use it to simulate faults).
 FaultHook = Callable[[int, int, str], None]
 CAUSES = ("callback", "params", "non_finite", "out_of_memory", "error")
-Outcome = tuple  # (RoundEvent | None, Failure | None): a round's event, and why the request ended in error
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,29 @@ class Failure:
 
     def __str__(self) -> str:
         return f"request failed in round {self.index} ({self.step}, {self.cause}): {self.message}"
+
+
+class RequestFailed(RuntimeError):
+    """A request ended in error inside its own round; `failure` says where and why. Other requests go on."""
+
+    def __init__(self, failure: Failure, events: list[RoundEvent] | None = None) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+        self.events = list(events or [])  # what the request had made before it failed
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One request's part of a round: its event (None when it failed before one was made), and why it ended
+    in error (None: it goes on, or finished), with the exception that raised, if one did."""
+
+    event: RoundEvent | None
+    failure: Failure | None = None
+    error: BaseException | None = field(default=None, compare=False, repr=False)
+
+
+def _failed(step: str, e: BaseException, index: int) -> Outcome:
+    return Outcome(None, Failure(cause_of(step, e), step, index, _message(e)), e)
 
 
 def cause_of(step: str, exc: BaseException) -> str:
@@ -87,7 +112,7 @@ class Batch:
     forwards one after another inside the round (`batched=False`).
     """
 
-    def __init__(self, engine: Engine, max_size: int, batched: bool, fault_hook: FaultHook | None = None) -> None:
+    def __init__(self, engine: "Engine", max_size: int, batched: bool, fault_hook: FaultHook | None = None) -> None:
         self.engine = engine
         self.max_size = max_size
         self.batched = batched
@@ -171,12 +196,12 @@ class Batch:
         self.engine.fed(run, hidden, start)
         return budget
 
-    def first_rounds(self, ms: list[Member]) -> list[tuple[Member, "Outcome"]]:
+    def first_rounds(self, ms: list[Member]) -> list[tuple[Member, Outcome]]:
         """Round 0 of requests whose prompt (its rest) is now fed: each one's first token.
 
         Returns (member, outcome) in the order to take them: first those that shared one forward, in
         the rows they were staged in after the members' (`add` moves a staged row down, so never onto
-        one not yet taken), then those that ran round 0 on their own buffer, as `Engine.stream` does.
+        one not yet taken), then those that ran round 0 on their own buffer, as a solo stream does.
         Measured (embedded model, 24 requests through 8 rows): round 0 was 12% of the scheduler's
         time with one forward per joining request.
         """
@@ -208,7 +233,7 @@ class Batch:
                 rests.append(rest)
         return group if len(group) >= 2 else []
 
-    def _shared_first_rounds(self, ms: list[Member]) -> list[tuple[Member, "Outcome"]]:
+    def _shared_first_rounds(self, ms: list[Member]) -> list[tuple[Member, Outcome]]:
         """Round 0 of `ms` in one forward over rows staged after the members'. Their own buffers go back
         (zeroed after a failure: their prefill chunks may have been NaN) once the outcomes are known."""
         outcome: dict[int, Outcome] = {}
@@ -224,7 +249,7 @@ class Batch:
                     self._hook(m, "forward")
                     self._stage(m, lo + len(live), release=False)
                 except Exception as e:  # noqa: BLE001 (isolated: it ends, still holding its own buffer)
-                    outcome[i] = None, Failure(cause_of("forward", e), "forward", m.index, _message(e))
+                    outcome[i] = _failed("forward", e, m.index)
                     continue
                 solos[i] = solo
                 live.append(i)
@@ -237,11 +262,11 @@ class Batch:
                     outcome[i] = self._commit_prompt(ms[i], hidden[i], n, clocks[i], forward_ms, len(live))
         finally:
             for i, solo in solos.items():
-                self.engine.target.release(solo, failed=outcome.get(i, (None, True))[1] is not None)
+                self.engine.target.release(solo, failed=i not in outcome or outcome[i].failure is not None)
         return [(ms[i], outcome[i]) for i in live] + [(ms[i], outcome[i]) for i in range(len(ms)) if i not in live]
 
     def _commit_prompt(self, m: Member, hidden: torch.Tensor, n: int, clock: Stopwatch, forward_ms: float,
-                       size: int) -> "Outcome":
+                       size: int) -> Outcome:
         """A staged request after the shared forward: its prompt's rest committed (and offered to the
         prefix cache), then its first token and event (`_finish`). `hidden` [n, H]: the prompt rest's rows."""
         try:
@@ -252,8 +277,8 @@ class Batch:
             kv_cache.keep_path(m.run.cache, first, list(range(n)))  # the chain: the prompt
             if self.engine.prefix_cache is not None:
                 self.engine.prefix_cache.insert(m.run.plan.ids, m.run.cache)
-        except Exception as e:  # noqa: BLE001 (isolated, as in `Engine._forward` on its own buffer)
-            return None, Failure(cause_of("forward", e), "forward", m.index, _message(e))
+        except Exception as e:  # noqa: BLE001 (isolated, as in `Engine.forward` on its own buffer)
+            return _failed("forward", e, m.index)
         clock.last = time.perf_counter()
         clock.ms["forward"] = forward_ms + (clock.last - start) * 1e3  # the shared forward, then its own commit
         return self._finish(m, None, hidden, m.run.plan.first, clock, size=size)
@@ -273,10 +298,10 @@ class Batch:
                     out[i] = self.engine.target.forward_rows(self.cache, lo + j, [tokens[j]], [None],
                                                              ms[i].run.eagle is not None)[0]
                 except Exception as e:  # noqa: BLE001
-                    outcome[i] = None, Failure(cause_of("forward", e), "forward", ms[i].index, _message(e))
+                    outcome[i] = _failed("forward", e, ms[i].index)
         return self._check_finite(ms, out, outcome)
 
-    def _first_round(self, m: Member) -> "Outcome":
+    def _first_round(self, m: Member) -> Outcome:
         """Round 0 on the request's own buffer: the rest of the prompt in one forward, then the first token."""
         eng, run = self.engine, m.run
         params = run.plan.first
@@ -284,16 +309,16 @@ class Batch:
         clock.lap("draft")
         try:
             self._hook(m, "forward")
-            hidden = eng._forward(run, None)
+            hidden = eng.forward(run, None)
         except Exception as e:  # noqa: BLE001 (isolated: this request alone ends)
-            return None, Failure(cause_of("forward", e), "forward", m.index, _message(e))
+            return _failed("forward", e, m.index)
         clock.lap("forward")
         if not bool(torch.isfinite(hidden).all()):
-            return None, Failure("non_finite", "forward", m.index, "the target's hidden state has NaN or inf values")
+            return Outcome(None, Failure("non_finite", "forward", m.index, "the target's hidden state has NaN or inf values"))
         return self._finish(m, None, hidden, params, clock, size=1)
 
     # -- a batched round ------------------------------------------------------------------
-    def round(self) -> list[tuple[Member, "Outcome"]]:
+    def round(self) -> list[tuple[Member, Outcome]]:
         """One round for every member: each drafts, one forward for all, each verifies and commits."""
         eng = self.engine
         members = list(self.members)
@@ -302,7 +327,7 @@ class Batch:
         params: dict[int, SamplingParams] = {}
         drafts: dict[int, Draft] = {}
         clocks: dict[int, Stopwatch] = {}
-        shared = _SharedHeads(eng.heads, members)
+        shared = _SharedHeads(eng.heads, members) if b > 1 else None  # alone: the engine's own call (graphs, probes)
         for i, m in enumerate(members):
             clock = clocks[i] = Stopwatch()
             m.run.shared_heads = shared
@@ -313,10 +338,9 @@ class Batch:
                     raise ValueError("`params` must return a SamplingParams")
                 clock.last = time.perf_counter()  # this request's own draft time only
                 self._hook(m, "draft")
-                drafts[i] = eng._draft(m.run, params[i])
+                drafts[i] = eng.draft(m.run, params[i])
             except Exception as e:  # noqa: BLE001 (isolated: this request alone ends)
-                step = "params" if i not in params else "draft"
-                outcome[i] = None, Failure(cause_of(step, e), step, m.index, _message(e))
+                outcome[i] = _failed("params" if i not in params else "draft", e, m.index)
                 continue
             clock.lap("draft")
         for m in members:
@@ -341,7 +365,7 @@ class Batch:
 
     def _verify_greedy(self, drafts: dict[int, Draft], params: dict[int, SamplingParams],
                        hidden: dict[int, torch.Tensor]) -> tuple[dict[int, Verdict], float]:
-        """Step 3 for the greedy members, together: the verdicts `Engine._verify` would give each alone,
+        """Step 3 for the greedy members, together: the verdicts `Engine.verify` would give each alone,
         and the milliseconds the vocabulary rows took (the engine's "rows" lap).
 
         A member joins when its params are greedy and its tree is one the engine verifies from all
@@ -372,9 +396,9 @@ class Batch:
             for i in live:
                 try:
                     self._hook(members[i], "forward")
-                    out[i] = self.engine._forward(members[i].run, drafts[i])
+                    out[i] = self.engine.forward(members[i].run, drafts[i])
                 except Exception as e:  # noqa: BLE001
-                    outcome[i] = None, Failure(cause_of("forward", e), "forward", members[i].index, _message(e))
+                    outcome[i] = _failed("forward", e, members[i].index)
             return self._check_finite(members, out, outcome)
         # Failed members still hold their rows this round (the rows are contiguous): they run their
         # pending token alone, and nothing of it is committed.
@@ -398,7 +422,7 @@ class Batch:
                     out[i] = self.engine.target.forward_rows(self.cache, m.run.cache.row, [tokens[i]], [trees[i]],
                                                              m.run.eagle is not None)[0]
                 except Exception as e:  # noqa: BLE001
-                    outcome[i] = None, Failure(cause_of("forward", e), "forward", m.index, _message(e))
+                    outcome[i] = _failed("forward", e, m.index)
         return self._check_finite(members, out, outcome)
 
     @staticmethod
@@ -410,13 +434,13 @@ class Batch:
         finite = torch.stack([torch.isfinite(out[i]).all() for i in keys]).tolist()
         for i, ok in zip(keys, finite):
             if not ok:
-                outcome[i] = None, Failure("non_finite", "forward", members[i].index,
-                                           "the target's hidden state has NaN or inf values in this request's rows")
+                outcome[i] = Outcome(None, Failure("non_finite", "forward", members[i].index,
+                                                   "the target's hidden state has NaN or inf values in this request's rows"))
                 del out[i]
         return out
 
     def _finish(self, m: Member, draft: Draft | None, hidden: torch.Tensor, params: SamplingParams,
-                clock: Stopwatch, size: int, verdict: Verdict | None = None) -> "Outcome":
+                clock: Stopwatch, size: int, verdict: Verdict | None = None) -> Outcome:
         """Steps 3-4 and the event for one request (round 0 included); callbacks see the event first.
 
         `verdict`: this request's verdict when the batch already verified it (greedy members).
@@ -427,15 +451,15 @@ class Batch:
         try:
             self._hook(m, "verify")
             if verdict is None:
-                verdict = eng._verify(run, draft, hidden, params, clock)
+                verdict = eng.verify(run, draft, hidden, params, clock)
             clock.lap("verify")
             step = "commit"
             self._hook(m, "commit")
-            emitted = eng._commit(run, draft, verdict, hidden)
+            emitted = eng.commit(run, draft, verdict, hidden)
             clock.lap("cache")
-            eng._learn(run, draft, verdict, params)
+            eng.learn(run, draft, verdict, params)
             step = "event"
-            ev = eng._event(run, m.index, draft, verdict, emitted, params, clock)
+            ev = eng.event(run, m.index, draft, verdict, emitted, params, clock)
             ev = replace(ev, extra={**ev.extra, "batch": size})
             step = "callback"
             self._hook(m, "callback")
@@ -444,9 +468,9 @@ class Batch:
         except Exception as e:  # noqa: BLE001 (isolated: this request alone ends)
             if ev is not None:
                 m.index += 1
-            return ev, Failure(cause_of(step, e), step, m.index - (ev is not None), _message(e))
+            return Outcome(ev, Failure(cause_of(step, e), step, m.index - (ev is not None), _message(e)), e)
         m.index += 1
-        return ev, None
+        return Outcome(ev)
 
     def _hook(self, m: Member, step: str) -> None:
         if self.fault_hook is not None:

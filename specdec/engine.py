@@ -1,20 +1,22 @@
-"""The decoding loop: one generator that yields a RoundEvent per round.
+"""The engine: one target model, its drafters, and the four steps of a request's round.
 
-Every round, round 0 included, is the same four steps (Medusa's, and gpt-fast's):
-  1. draft: the heads read the hidden state of the last accepted token and fill the draft tree
-     with their top-k candidates; with `lookup > 0`, a prompt-lookup chain (the tokens that
-     followed the last occurrence of the current n-gram) replaces the heads' tree for that round
-     (lookup_mode="first") or is merged into it ("merge"). A plain round drafts nothing: its tree
-     is the root alone. Round 0 drafts the prompt itself, as a causal chain (the prefill).
-  2. forward: one target forward over all N nodes (4D mask + positions) into the KV buffer;
-  3. verify: a pure function of (tokens, tree, logits, params, position uniforms) picks the accepted path
-     and the target's own next token (correction or bonus);
-  4. commit: the KV buffer keeps exactly the accepted path; the emitted tokens are cut at EOS or
-     the length limit and become the round's event.
+Every round, round 0 included, is the same four steps (Medusa's, and gpt-fast's), as methods here:
+  1. `draft`: a drafter proposes a tree from the committed state: the Medusa heads (from the hidden
+     state of the last accepted token), the EAGLE-3 drafter, and with `lookup > 0` a prompt-lookup chain
+     (the tokens that followed the last occurrence of the current n-gram), alone ("first") or merged
+     ("merge"). A plain round drafts nothing: its tree is the root alone. Round 0 drafts the prompt
+     itself, as a causal chain (the prefill).
+  2. `forward`: one target forward over all N nodes (4D mask + positions) into the KV buffer;
+  3. `verify`: a pure function of (tokens, tree, logits, params, position uniforms) picks the accepted
+     path and the target's own next token (correction or bonus);
+  4. `commit`: the KV buffer keeps exactly the accepted path; the emitted tokens are cut at EOS or
+     the length limit and become the round's `event`.
 
-With `speculative=False` every round is the one-node case, one target forward per token, through
-the same sampler and event stream: the plain baseline. The engine knows nothing about the UI; a
-tokenizer is optional and only used to put text into events.
+`specdec.batch.Batch` runs these steps for every request of a round, with one forward for all; it is the
+only round. The scheduler drives it for every caller, and `Engine.stream` drives a batch of one on the
+caller's thread. With `speculative=False` every round is the one-node case, one target forward per
+token, through the same sampler and event stream: the plain baseline. The engine knows nothing about
+the UI; a tokenizer is optional and only used to put text into events.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import torch
 from . import cost as cost_mod
 from . import eagle as eagle_mod
 from . import kv_cache
+from .batch import Batch, Member, RequestFailed
 from .detok import IncrementalDecoder
 from .draft_tree import PRESETS, Tree, build_tree, candidates, graft_chain, merge_chain, resolve_tree
 from .events import EmittedToken, RoundEvent
@@ -171,38 +174,31 @@ class Engine:
         return self._loop(plan, callbacks, should_stop)
 
     def _loop(self, plan: Plan, callbacks: list[RoundCallback], should_stop) -> Iterator[RoundEvent]:
-        run = self._open(plan)
-        failed = False
+        """A solo request is a batch of one: the scheduler's own round, on the caller's thread."""
+        batch, m = Batch(self, 1, batched=False), Member(0, self.open(plan), callbacks)
+        joined = failed = False
         try:
-            yield from self._rounds(run, callbacks, should_stop)
+            [(_, out)] = batch.first_rounds([m])
+            while True:
+                if out.event is not None:
+                    yield out.event
+                if out.failure is not None:
+                    raise out.error if out.error is not None else RequestFailed(out.failure)
+                if m.finished is not None or (should_stop is not None and should_stop()):
+                    return
+                if not joined:
+                    batch.add(m)
+                    joined = True
+                [(_, out)] = batch.round()
         except Exception:  # not GeneratorExit: a consumer letting go early is no failure
             failed = True
             raise
         finally:  # finished, stopped, let go or failed: a pooled KV buffer goes back
-            self.target.release(run.cache, failed)
-            self.remember(run, failed)
-
-    def _rounds(self, run: "RunState", callbacks: list[RoundCallback], should_stop) -> Iterator[RoundEvent]:
-        plan, index = run.plan, 0
-        while True:
-            params = plan.get_params() if index else plan.first
-            clock = Stopwatch()
-            draft = self._draft(run, params) if index else None  # round 0 drafts the prompt: the prefill
-            clock.lap("draft")
-            hidden = self._forward(run, draft)
-            clock.lap("forward")
-            verdict = self._verify(run, draft, hidden, params, clock)
-            clock.lap("verify")
-            emitted = self._commit(run, draft, verdict, hidden)
-            clock.lap("cache")
-            self._learn(run, draft, verdict, params)
-            ev = self._event(run, index, draft, verdict, emitted, params, clock)
-            for cb in callbacks:
-                cb(ev)
-            yield ev
-            if run.finished is not None or (should_stop is not None and should_stop()):
-                return
-            index += 1
+            if joined:
+                batch.remove(m, failed)
+            else:
+                batch.release(m, failed)
+                self.remember(m.run, failed)
 
     def remember(self, run: "RunState", failed: bool = False) -> None:
         """A request is done: what its dynamic tree learned goes to the engine's memory (not after a failure)."""
@@ -211,7 +207,7 @@ class Engine:
         if run.policy is not None and self.policy_memory is not None:
             self.policy_memory.learn(run.policy)
 
-    def _open(self, plan: Plan) -> "RunState":
+    def open(self, plan: Plan) -> "RunState":
         """A request's own state: position uniforms, decoder, lookup index, and a KV buffer sized once, for the
         prompt, every new token and the largest tree, rounded up so shapes repeat across requests."""
         req, target = plan.request, self.target
@@ -239,7 +235,7 @@ class Engine:
                         eagle=self.eagle_drafter.start() if plan.drafter == "eagle3" else None)
 
     # -- the four steps -----------------------------------------------------------
-    def _draft(self, run: "RunState", params: SamplingParams) -> "Draft":
+    def draft(self, run: "RunState", params: SamplingParams) -> "Draft":
         """Step 1: the round's tree and tokens: heads, prompt lookup, or the root alone (a plain round)."""
         plan, req = run.plan, run.plan.request
         # The root (pending) goes at position `committed`; a depth-d node at committed + d.
@@ -316,7 +312,7 @@ class Engine:
             ids = run.plan.ids
             run.eagle.add(hidden[:, self.target.hidden_size :], ids[start + 1 : start + 1 + hidden.shape[0]], start)
 
-    def _forward(self, run: "RunState", draft: "Draft | None") -> torch.Tensor:
+    def forward(self, run: "RunState", draft: "Draft | None") -> torch.Tensor:
         """Step 2: one target forward of the round's nodes (round 0: the uncached prompt). -> [N, H]"""
         if draft is None:  # what the prefix cache (or a chunked prefill) has not already put in the buffer
             start = kv_cache.length(run.cache)
@@ -335,7 +331,7 @@ class Engine:
         return self.target.forward(torch.tensor(draft.tokens, dtype=torch.long), run.cache, tree.ancestor_mask,
                                    tree.depth_t, taps=taps)
 
-    def _verify(self, run: "RunState", draft: "Draft | None", hidden: torch.Tensor, params: SamplingParams,
+    def verify(self, run: "RunState", draft: "Draft | None", hidden: torch.Tensor, params: SamplingParams,
                 clock: Stopwatch | None = None) -> Verdict:
         """Step 3: the accepted path and the target's own next token (pure given the logits and uniforms).
 
@@ -366,7 +362,7 @@ class Engine:
                 row = lambda i: rows(hidden[i])  # noqa: E731
             return verify(tokens, tree, row, params, rule, run.uniforms[run.produced : run.produced + tree.max_depth + 1])
 
-    def _commit(self, run: "RunState", draft: "Draft | None", verdict: Verdict, hidden: torch.Tensor
+    def commit(self, run: "RunState", draft: "Draft | None", verdict: Verdict, hidden: torch.Tensor
                 ) -> tuple[EmittedToken, ...]:
         """Step 4: keep the accepted path in the KV buffer; cut the new tokens at EOS or the length limit."""
         speculative = run.plan.request.speculative
@@ -397,7 +393,7 @@ class Engine:
         return emitted
 
     @staticmethod
-    def _learn(run: "RunState", draft: "Draft | None", verdict: Verdict, params: SamplingParams) -> None:
+    def learn(run: "RunState", draft: "Draft | None", verdict: Verdict, params: SamplingParams) -> None:
         """The dynamic policy learns from the verdict: each drafted node whose parent was reached.
 
         Its outcome is, greedy, whether it was the target's argmax; sampling, the target's filtered
@@ -429,7 +425,7 @@ class Engine:
         run.policy.observe(params.greedy, heads, lookup, draft.tree.num_nodes, len(verdict.accepted), draft.heads_ran,
                            draft.match)
 
-    def _event(self, run: "RunState", index: int, draft: "Draft | None", verdict: Verdict,
+    def event(self, run: "RunState", index: int, draft: "Draft | None", verdict: Verdict,
                emitted: tuple[EmittedToken, ...], params: SamplingParams, clock: Stopwatch) -> RoundEvent:
         drafted = draft is not None and draft.drafted
         nodes = tree_nodes(draft.tree, draft.tokens, draft.q, verdict, self.token_text, draft.source) if drafted else ()

@@ -36,7 +36,7 @@ class Draft:
     heads_ran: float = 0.0  # the share of the heads that ran: 0, 1/K for a probe of the first, or 1
     match: int = 0  # the length of the n-gram the lookup chain followed (0: no chain)
     # Greedy dynamic rounds that ran the heads: every candidate's (scores [D][k], token ids [D][k]), drafted
-    # or not, so the policy learns how each would have fared (`Engine._learn`).
+    # or not, so the policy learns how each would have fared (`Engine.learn`).
     candidates: tuple | None = None
     source: str = "heads"  # what drafted the non-lookup nodes: "heads" (Medusa) or "eagle3"
 

@@ -31,7 +31,7 @@ from concurrent.futures import Future
 from typing import Callable, Iterator, Protocol
 
 from . import kv_cache
-from .batch import CAUSES, Batch, FaultHook, Failure, Member, _message, cause_of
+from .batch import CAUSES, Batch, FaultHook, Failure, Member, RequestFailed, _message, cause_of
 from .engine import Engine
 from .events import RoundEvent
 from .request import GenerationRequest
@@ -48,15 +48,6 @@ class SchedulerMetrics(Protocol):
     def observe_batch(self, size: int) -> None: ...
     def observe_queue_wait(self, seconds: float) -> None: ...
     def observe_failure(self, cause: str) -> None: ...
-
-
-class RequestFailed(RuntimeError):
-    """A request ended in error inside its own round; `failure` says where and why. Other requests go on."""
-
-    def __init__(self, failure: Failure, events: list[RoundEvent] | None = None) -> None:
-        super().__init__(str(failure))
-        self.failure = failure
-        self.events = list(events or [])  # what the request had made before it failed
 
 
 class Ticket:
@@ -377,7 +368,7 @@ class Scheduler:
             t, m = entry
             try:
                 if m is None:
-                    m = Member(t.rid, self.engine._open(t.plan), t.callbacks)
+                    m = Member(t.rid, self.engine.open(t.plan), t.callbacks)
                     self._tickets[t.rid] = t
                     self._prefilling[self._prefilling.index(entry)] = (t, m)
                     entry = (t, m)
@@ -396,17 +387,17 @@ class Scheduler:
         if not ready:
             return
         ticket = {m: t for t, m in ready}
-        for m, (ev, failure) in self._batch.first_rounds(list(ticket)):  # in the order given: staged rows move down
+        for m, out in self._batch.first_rounds(list(ticket)):  # in the order given: staged rows move down
             t = ticket[m]
             self._prefilling.remove((t, m))
-            self._after(t, m, ev, failure, joined=False)
+            self._after(t, m, out.event, out.failure, joined=False)
 
     def _round(self) -> None:
         size = len(self._batch)
         self.batch_sizes[size] += 1
         self._observe("observe_batch", size)
-        for m, (ev, failure) in self._batch.round():
-            self._after(self._tickets[m.rid], m, ev, failure, joined=True)
+        for m, out in self._batch.round():
+            self._after(self._tickets[m.rid], m, out.event, out.failure, joined=True)
 
     def _after(self, t: Ticket, m: Member, ev: RoundEvent | None, failure: Failure | None, joined: bool) -> None:
         """Deliver a round's outcome; a request that is done leaves (or never joins) the batch."""

@@ -297,7 +297,7 @@ def test_which_joining_requests_share_round_0():
 
     def member(rid, n, fed=0):
         prompt = [(5 * i) % 90 + 3 for i in range(n)]
-        m = Member(rid, engine._open(GenerationRequest(prompt, 8, speculative=False).plan(engine)))
+        m = Member(rid, engine.open(GenerationRequest(prompt, 8, speculative=False).plan(engine)))
         if fed:
             assert batch.prefill(m, fed) == fed  # prompt chunks already in its own buffer
         return m

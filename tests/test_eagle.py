@@ -435,7 +435,7 @@ def test_eagle_negative_control_a_tree_forward_that_sees_siblings(small, monkeyp
     from dataclasses import replace
 
     model, joint, drafter = small
-    real = Engine._forward
+    real = Engine.forward
 
     def chain(self, run, draft):
         if draft is not None and draft.tree.num_nodes > 1:
@@ -443,7 +443,7 @@ def test_eagle_negative_control_a_tree_forward_that_sees_siblings(small, monkeyp
             draft = replace(draft, tree=replace(draft.tree, ancestor_mask=torch.ones(n, n, dtype=torch.bool).tril_()))
         return real(self, run, draft)
 
-    monkeypatch.setattr(Engine, "_forward", chain)
+    monkeypatch.setattr(Engine, "forward", chain)
     counts, _ = eagle_counts(model, tl.N_CONTROL, 70_000, drafter)
     p = tl.chi2_pvalue(counts, joint)
     print(f"\n[EAGLE-3] siblings-visible control p = {p:.4g}")

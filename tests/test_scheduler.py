@@ -582,12 +582,12 @@ def test_each_request_of_a_mixed_batch_follows_its_own_law(small_model, mixed_la
 def test_mixed_batch_negative_control_verifies_with_another_requests_params(small_model, mixed_laws, monkeypatch):
     """A planted bug: every request is verified with kind b's params (one request's settings leaking
     into the others' verification). Kind a's law must then fail."""
-    real = engine_mod.Engine._verify
+    real = engine_mod.Engine.verify
 
     def leak(self, run, draft, hidden, params, *rest):
         return real(self, run, draft, hidden, KINDS["b"].replace(seed=params.seed), *rest)
 
-    monkeypatch.setattr(engine_mod.Engine, "_verify", leak)
+    monkeypatch.setattr(engine_mod.Engine, "verify", leak)
     counts = mixed_counts(small_model, N_MIXED // 3, seed0=50_000)
     p = chi2_pvalue(counts["a"], mixed_laws["a"])
     print(f"\n[batched] verified-with-another-request's-params control p = {p:.4g}")
