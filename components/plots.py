@@ -57,6 +57,14 @@ def _p(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
 
 
+def _short(p: float) -> str:
+    """A probability under a node's label: ".34", "1", "<.01"."""
+    return "1" if p >= 0.995 else "<.01" if p < 0.005 else f"{p:.2f}".lstrip("0")
+
+
+P_LABEL_DEPTH = 14  # trees at most this deep (the target's token included) show each draft's p: columns ~25 px on a phone
+
+
 def _rule(event: RoundEvent, i: int) -> str:
     """The acceptance rule's verdict on node i, split over two hover lines."""
     return html.escape(node_rule(event, i), quote=False).replace(": ", ":<br>", 1)
@@ -166,6 +174,9 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
     lookup_set = set(looked_up)
     depth = max(n.depth for n in nodes) + (1 if extra else 0)
     limit = 12 if depth <= 5 else max(4, 60 // depth)  # label length: deep lookup chains have narrow columns
+
+    def text(i: int, bold: bool) -> str:
+        return f"<b>{label(nodes[i].text, limit)}</b>" if bold else label(nodes[i].text, limit)
     data = []
     ex, ey = _segments([e for e in all_edges if e not in on_path and e[1] not in lookup_set], xs, ys)
     data.append(dict(type="scatter", x=ex, y=ey, mode="lines", name="draft edges", hoverinfo="skip",
@@ -194,7 +205,7 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
         data.append(dict(
             type="scatter", x=[xs[i] for i in idx], y=[ys[i] for i in idx], mode="markers+text",
             name=STATUS_NAMES[status],
-            text=[(f"<b>{label(nodes[i].text, limit)}</b>" if bold else label(nodes[i].text, limit)) for i in idx],
+            text=[text(i, bold) for i in idx],
             textposition="top right", textfont=dict(size=11 if depth <= 5 else 10, color="#212121"),
             marker=dict(color=STATUS_COLORS[status], size=14 if bold else 10,
                         line=dict(color="#1b5e20" if bold else "#ffffff", width=2 if bold else 1)),
@@ -209,8 +220,7 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
             type="scatter", x=[xs[i] for i in looked_up], y=[ys[i] for i in looked_up], mode="markers+text",
             name="prompt lookup",
             legendgroup="lookup", showlegend=False,
-            text=[(f"<b>{label(nodes[i].text, limit)}</b>" if a else label(nodes[i].text, limit))
-                  for i, a in zip(looked_up, acc)],
+            text=[text(i, a) for i, a in zip(looked_up, acc)],
             textposition="top right", textfont=dict(size=11 if depth <= 5 else 10, color="#212121"),
             marker=dict(symbol=LOOKUP_SYMBOL, color=[STATUS_COLORS[nodes[i].status] for i in looked_up],
                         size=[13 if a else 10 for a in acc], line=dict(color=LOOKUP_COLOR, width=2)),
@@ -221,6 +231,13 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
                           "depth %{customdata[1]} · prompt lookup<br>draft q = -<br>"
                           "target p = %{customdata[5]}<br>%{customdata[9]}<extra>%{customdata[8]}</extra>",
         ))
+    # Each draft's p under its label, small and grey, where the columns leave room (a phone shows no hover).
+    with_p = [i for i, n in enumerate(nodes) if n.status != "root" and n.target_prob is not None]
+    if with_p and depth <= P_LABEL_DEPTH:
+        data.append(dict(type="scatter", x=[xs[i] for i in with_p], y=[ys[i] for i in with_p], mode="text",
+                         name="p labels", text=[_short(nodes[i].target_prob) for i in with_p],
+                         textposition="bottom right", textfont=dict(size=10, color="#616161"), hoverinfo="skip",
+                         showlegend=False))
     # The target's own token after the accepted path: a correction or a bonus.
     if extra:
         tok = extra[-1]
@@ -242,17 +259,22 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
     leaves = int(round(-min(ys))) + 1  # leaf rows are 0, -1, -2, ...
     columns = ("columns = depth (EAGLE-3: one step each)" if any(n.source == "eagle3" for n in nodes)
                else "columns = depth (head = depth − 1)")
-    sub = [f"then a {kind} token · rule {rule}", f"{columns} · bold = accepted path"]
+    sub = [f"then a {kind} token · rule {rule}", columns,
+           "bold = accepted path" + (" · grey: p, the target's" if with_p and depth <= P_LABEL_DEPTH else "")]
     if looked_up:
         got_lookup = sum(1 for i in path if i in lookup_set)
         match = event.extra.get("lookup_match")  # the longer the n-gram it follows, the likelier the chain
         sub = [f"{got_lookup} of {len(looked_up)} from prompt lookup (squares)"
                + (f", {match}-gram match" if match else "")] + sub
     # Short lines, one fact each: a phone is about 50 characters wide, and Plotly does not wrap titles.
+    height = int(min(1000, max(400, 26 * leaves + 220 + 15 * len(sub))))
     return _figure(data, dict(
-        title=_title(f"Round {event.index}: accepted {got} of {drafts} drafts<br><sup>{'<br>'.join(sub)}</sup>", 14),
-        height=int(min(1000, max(400, 26 * leaves + 170))),
-        margin=dict(l=10, r=10, t=50 + 15 * len(sub), b=20), plot_bgcolor="#ffffff", uirevision=f"tree-{len(nodes)}",
+        # The title hangs 48 px from the top (below the panel's label); the margin leaves a band under its last
+        # line for the depth ticks (on top).
+        title={**_title(f"Round {event.index}: accepted {got} of {drafts} drafts<br><sup>{'<br>'.join(sub)}</sup>", 14),
+               "x": 0.02, "xanchor": "left", "y": 1 - 48 / height, "yanchor": "top", "yref": "container"},
+        height=height,
+        margin=dict(l=10, r=10, t=86 + 15 * len(sub), b=20), plot_bgcolor="#ffffff", uirevision=f"tree-{len(nodes)}",
         xaxis=dict(dtick=1 if max(xs) <= 20 else 5, range=[-0.3, max(xs) + max(0.9, 0.08 * max(xs))], zeroline=False,
                    gridcolor="#eeeeee", side="top"),
         yaxis=dict(visible=False), hoverlabel=dict(align="left"),
@@ -321,9 +343,10 @@ def accepted_length_figure(events: list[RoundEvent], current: int | None = None)
     error = expected_length_error(events)
     if error is None:
         return _chart(data, events, title, "tokens", shapes)
-    title = (f"Accepted length per round: mean {mean:.2f}, expected off by {error:.2f}<br><sup>bars: tokens "
-             f"per target forward; line: the dynamic tree's expectation; grey: its size (right axis)</sup>")
-    return _chart(data + _dynamic_tree_traces(dec), events, title, "tokens", shapes,
+    title = (f"Accepted length per round: mean {mean:.2f}<br><sup>the tree's forecast missed by {error:.2f} "
+             "tokens a round<br>bars: tokens per target forward · line: forecast<br>grey: tree size (right axis)"
+             "</sup>")
+    return _chart(data + _dynamic_tree_traces(dec), events, title, "tokens", shapes, margin=dict(t=84),
                   yaxis2=dict(title=_title("nodes"), overlaying="y", side="right", rangemode="tozero", showgrid=False))
 
 
@@ -349,8 +372,8 @@ def depth_acceptance_figure(events: list[RoundEvent]) -> go.Figure:
         customdata=[[r["accepted"], r["reached"], _p(r["given_prev"])] for r in rows],
         hovertemplate="depth %{x}: %{customdata[0]} of %{customdata[1]} rounds accepted a depth-%{x} draft"
                       "<br>given depth %{x}−1 accepted: %{customdata[2]}<extra></extra>")
-    return _chart([bars], [], "Acceptance rate per depth<br><sup>accepted ÷ speculative rounds whose tree had "
-                              "depth-d drafts (the denominator)</sup>", "rate",
+    return _chart([bars], [], "Acceptance rate per depth<br><sup>accepted ÷ rounds whose tree had depth-d "
+                              "drafts<br>(on each bar: the count over the denominator)</sup>", "rate", margin=dict(t=64),
                   yaxis=dict(range=[0, 1.15]), xaxis=dict(title=_title("depth d"), dtick=1), showlegend=False)
 
 
@@ -377,8 +400,8 @@ def throughput_figure(events: list[RoundEvent]) -> go.Figure:
 
 # -- the sampler view ------------------------------------------------------------
 
-def sampler_figure(rows: list[dict], token_text: Callable[[int], str], params: dict, position: int,
-                   note: str = "", emitted: int | None = None, emitted_prob: float | None = None) -> go.Figure:
+def sampler_figure(rows: list[dict], token_text: Callable[[int], str], params: dict, note: str = "",
+                   emitted: int | None = None, emitted_prob: float | None = None) -> go.Figure:
     """Top tokens of the target distribution as horizontal bars; those the filters remove are grey.
 
     Labels read horizontally, with whitespace made visible (␣ ↵ ⇥). With `emitted`, the token the
@@ -389,8 +412,7 @@ def sampler_figure(rows: list[dict], token_text: Callable[[int], str], params: d
         rows: `specdec.sampler.filter_stages` output (prob = after temperature only).
         token_text: token id -> its text.
         params: the SamplingParams as a dict.
-        position: index of the predicted token (the context length).
-        note: one line under the title (where this position is).
+        note: one line under the title: where this position is.
         emitted: token id drawn at this position, if the run already drew it.
         emitted_prob: its target probability as the run saw it (the event's p), for the title.
     """
@@ -430,7 +452,7 @@ def sampler_figure(rows: list[dict], token_text: Callable[[int], str], params: d
                  f"<br>the run drew {label(token_text(emitted), 14)}{pe}, outside this top {len(rows)}")
     sub = desc + (f"<br>{html.escape(note)}" if note else "") + drawn
     return _figure(data, dict(
-        title=_title(f"After {position} tokens: the filters keep {len(kept)} of the {len(rows)} likeliest next<br><sup>{sub}</sup>", 13),
+        title=_title(f"The filters keep {len(kept)} of the {len(rows)} likeliest next tokens<br><sup>{sub}</sup>", 13),
         height=190 + 20 * len(rows), barmode="overlay", bargap=0.2, margin=dict(l=10, r=10, t=100, b=40),
         plot_bgcolor="#ffffff", uirevision="sampler", legend=dict(orientation="h", y=-0.12, yanchor="top"),
         yaxis=dict(tickmode="array", tickvals=list(range(len(rows))), ticktext=ticks, autorange="reversed",

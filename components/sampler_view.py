@@ -21,6 +21,10 @@ from .session import Run, Session, Settings
 from .updates import user_error
 
 
+def prompt_note(ids: list[int]) -> str:
+    return f"the next token after the {len(ids)}-token prompt"
+
+
 class SamplerView:
     gate: ModelGate
     sampler_top: int
@@ -52,7 +56,7 @@ class SamplerView:
             ids = self.encode(prompt, bool(chat))
         except ValueError as e:
             return plots.empty_figure(f"Sampler view: {e}", 320)
-        return self._sampler_figure(session, ids, view.sampling_params(), "next token after the prompt")
+        return self._sampler_figure(session, ids, view.sampling_params(), prompt_note(ids))
 
     def _sampler_figure(self, session: Session, ids: list[int], params: SamplingParams, note: str,
                         emitted: int | None = None, emitted_prob: float | None = None):
@@ -62,15 +66,14 @@ class SamplerView:
         cache = session.sampler_cache
         if cache is None or cache[0] != key:
             cache = session.sampler_cache = (key, self.gate.sampler_rows(ids, params, self.sampler_top))
-        return plots.sampler_figure(cache[1], self.gate.token_text, params.to_dict(), len(ids), note, emitted,
-                                    emitted_prob)
+        return plots.sampler_figure(cache[1], self.gate.token_text, params.to_dict(), note, emitted, emitted_prob)
 
     def _run_sampler(self, session: Session, run: Run, settings: Settings):
         """The sampler view at the run's newest token: the law it was drawn from, that token starred."""
         last = next((t for ev in reversed(run.events) for t in reversed(ev.emitted)), None)
         if last is None:
             return self._sampler_figure(session, run.prompt_ids, settings.sampling_params(),
-                                        "next token after the prompt")
+                                        prompt_note(run.prompt_ids))
         ids = run.prompt_ids + run.token_ids[:-1]
         note = (f"where the run's token {len(run.token_ids)} was drawn; the sliders filter the next rounds"
                 if not run.done else f"where the run's last token ({len(run.token_ids)}) was drawn")

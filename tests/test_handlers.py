@@ -20,7 +20,7 @@ def test_handler_generate_matches_the_library(handlers):
     assert final["text"] == ref.text and final["finished"] == "length"
     assert [u[-1]["round"] for u in updates[:-1]] == list(range(len(ref.rounds)))
     assert "Round" in figure(updates[-1][2]).layout.title.text  # the tree
-    assert figure(updates[-1][8]).layout.title.text.startswith("After ")  # the sampler view
+    assert figure(updates[-1][8]).layout.title.text.startswith("The filters keep ")  # the sampler view
     assert session.run.done and len(session.run.events) == len(ref.rounds)
     fig, info, event, _, style, nodes = handlers.show_round(1, session)
     assert 'data-round="1"' in style and "<th>verdict</th>" in nodes and "Round 1" in nodes
@@ -123,7 +123,7 @@ def test_chat_checkbox_follows_the_template_and_wraps_the_prompt(handlers):
     list(h.compare(prompt, *race_controls(tree="none", lookup=4, max_new_tokens=3, chat=True), session))
     assert session.active is None
     fig = h.sampler_view(prompt, 0.8, 5, 1.0, 0.0, "lossless", True, session)
-    assert f"After {len(wrapped)} tokens:" in fig.layout.title.text
+    assert f"after the {len(wrapped)}-token prompt" in fig.layout.title.text
     with pytest.raises(gr.Error, match="chat template"):
         next(handlers.generate(prompt, *{**CONTROLS, "chat": True}.values(), Session()))
 
@@ -139,11 +139,11 @@ def test_final_update_shows_the_most_instructive_round_and_the_sampler_follows(h
     assert f'data-round="{best}"' in final[9]
     # the sampler view sits at the run's last token, starred
     ids = session.run.token_ids
-    assert f"After {len(session.run.prompt_ids) + len(ids) - 1} tokens:" in figure(final[8]).layout.title.text
+    assert f"last token ({len(ids)}) was drawn" in figure(final[8]).layout.title.text
     assert any(t.startswith("★") for t in figure(final[8]).layout.yaxis.ticktext)
     # after Clear it is back after the prompt
     cleared = handlers.clear("def fibonacci(n):", 0.0, 0, 1.0, 0.0, "lossless", False, session)
-    assert "next token after the prompt" in cleared[8].layout.title.text
+    assert "the next token after the 9-token prompt" in cleared[8].layout.title.text
     assert "generated text" not in cleared[8].layout.title.text
     # the greedy rule greys out the temperature slider
     assert Handlers.temperature_control("greedy").interactive is False

@@ -56,6 +56,20 @@ def test_tree_figure_hover_has_rank_and_probs_and_labels_are_escaped():
     assert "accepted 2 of 6 drafts" in fig.layout.title.text
 
 
+def test_tree_labels_each_draft_with_its_p_where_the_columns_fit(monkeypatch):
+    """A phone has no hover: under each draft's label, its target probability p, small and grey."""
+    ev = tree_event()
+    fig = plots.tree_figure(ev)
+    p = by_name(fig)["p labels"]
+    drafts = [i for i, n in enumerate(ev.nodes) if n.status != "root" and n.target_prob is not None]
+    assert list(p.text) == [plots._short(ev.nodes[i].target_prob) for i in drafts] and p.mode == "text"
+    assert "grey: p, the target's" in fig.layout.title.text
+    assert plots._short(0.337) == ".34" and plots._short(0.001) == "<.01" and plots._short(0.999) == "1"
+    monkeypatch.setattr(plots, "P_LABEL_DEPTH", 1)  # a tree deeper than that: its columns are too narrow
+    deep = plots.tree_figure(ev)
+    assert "p labels" not in by_name(deep) and "grey: p" not in deep.layout.title.text
+
+
 def test_tree_layout_centres_parents_between_children():
     ev = tree_event()
     xs, ys = plots.tree_layout(ev)
@@ -162,7 +176,7 @@ def test_sampler_figure_greys_out_filtered_tokens():
             {"token_id": 2, "prob": 0.3, "filtered_prob": 0.4, "removed_by": None},
             {"token_id": 3, "prob": 0.1, "filtered_prob": 0.0, "removed_by": "top_p"},
             {"token_id": 4, "prob": 0.05, "filtered_prob": 0.0, "removed_by": "min_p"}]
-    fig = plots.sampler_figure(rows, lambda i: {1: " a", 2: "<b", 3: "c", 4: "d"}[i], P0, 7)
+    fig = plots.sampler_figure(rows, lambda i: {1: " a", 2: "<b", 3: "c", 4: "d"}[i], P0)
     t = by_name(fig)
     assert list(t["kept"].y) == [0, 1] and t["kept"].marker.color == plots.KEPT_COLOR
     assert list(t["filtered out"].y) == [2, 3] and t["filtered out"].marker.color == plots.REMOVED_COLOR
@@ -170,7 +184,7 @@ def test_sampler_figure_greys_out_filtered_tokens():
     # horizontal bars: labels read left to right, no rotated ticks, no tag on every filtered bar
     assert t["kept"].orientation == "h" and not t["filtered out"].text and fig.layout.xaxis.tickangle is None
     assert list(fig.layout.yaxis.ticktext) == ["␣a", "&lt;b", "c", "d"]
-    assert "the filters keep 2 of the 4 likeliest next" in fig.layout.title.text
+    assert fig.layout.title.text.startswith("The filters keep 2 of the 4 likeliest next tokens<br>")  # one count
 
 
 def test_sampler_figure_from_real_filter_stages():
@@ -178,18 +192,18 @@ def test_sampler_figure_from_real_filter_stages():
     logits = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0, -1.0])
     params = specdec.SamplingParams(temperature=1.0, top_k=3)
     rows = filter_stages(logits, params, top=6)
-    fig = plots.sampler_figure(rows, str, params.to_dict(), 3)
+    fig = plots.sampler_figure(rows, str, params.to_dict())
     assert len(by_name(fig)["kept"].x) == 3 and len(by_name(fig)["filtered out"].x) == 3
 
 
 def test_sampler_figure_stars_the_emitted_token():
     rows = [{"token_id": 1, "prob": 0.5, "filtered_prob": 0.6, "removed_by": None},
             {"token_id": 2, "prob": 0.3, "filtered_prob": 0.4, "removed_by": None}]
-    fig = plots.sampler_figure(rows, {1: " a", 2: "\n"}.get, P0, 7, emitted=2, emitted_prob=0.3)
+    fig = plots.sampler_figure(rows, {1: " a", 2: "\n"}.get, P0, emitted=2, emitted_prob=0.3)
     assert list(fig.layout.yaxis.ticktext) == ["␣a", "★ ↵"]
     assert by_name(fig)["kept"].marker.line.width == (0, 3)
     assert "★ = the token the run drew here (p = 0.300)" in fig.layout.title.text
-    outside = plots.sampler_figure(rows, {1: " a", 2: "b", 9: "z"}.get, P0, 7, emitted=9)
+    outside = plots.sampler_figure(rows, {1: " a", 2: "b", 9: "z"}.get, P0, emitted=9)
     assert "the run drew z" in outside.layout.title.text and "outside this top 2" in outside.layout.title.text
 
 
@@ -232,7 +246,7 @@ def test_accepted_length_figure_shows_the_dynamic_trees_expectation_and_size():
     t = by_name(fig)
     assert list(t["expected (dynamic tree)"].y) == [2.5, 3.0, 4.0]
     assert list(t["tree size (nodes)"].y) == [7, 7, 7] and t["tree size (nodes)"].yaxis == "y2"
-    assert "expected off by 0.50" in fig.layout.title.text
+    assert "forecast missed by 0.50 tokens a round" in fig.layout.title.text
 
 
 def test_the_chart_shows_the_tree_shrink_when_the_temperature_rises():

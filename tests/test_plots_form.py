@@ -32,15 +32,15 @@ def plain(fig: go.Figure) -> dict:
 
 def figures(events: list, rows: list[dict], params: dict) -> list[go.Figure]:
     out = [plots.tree_figure(None), plots.accepted_length_figure([]), plots.depth_acceptance_figure([]),
-           plots.throughput_figure([]), plots.sampler_figure([], str, {}, 0)]
+           plots.throughput_figure([]), plots.sampler_figure([], str, {})]
     out += [plots.tree_figure(ev) for ev in events]
     for k in (1, 2, len(events)):
         out += [plots.accepted_length_figure(events[:k]), plots.depth_acceptance_figure(events[:k]),
                 plots.throughput_figure(events[:k])]
     out.append(plots.accepted_length_figure(events, current=len(events) // 2))
-    out += [plots.sampler_figure(rows, str, params, 3), plots.sampler_figure(rows, str, params, 3, "note <b>",
+    out += [plots.sampler_figure(rows, str, params), plots.sampler_figure(rows, str, params, "note <b>",
                                                                               rows[1]["token_id"], 0.25),
-            plots.sampler_figure(rows, str, params, 3, "", -5, None)]
+            plots.sampler_figure(rows, str, params, "", -5, None)]
     return out
 
 
