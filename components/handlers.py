@@ -24,7 +24,7 @@ from .compare import COMPARE_HINT, RaceView
 from .gate import open_gate
 from .node_table import node_table_html
 from .pace import Feed, Pacer, check_pace, stale
-from .replay import highlight_css, instructive_round, round_markdown
+from .replay import drafter_name, highlight_css, instructive_round, round_markdown
 from .round_views import RoundViews, round_slider
 from .sampler_view import SamplerView
 from .serving import arrival_time
@@ -277,7 +277,7 @@ class Handlers(RoundViews, SamplerView, RaceView):
         tree is `ev`'s own round, not the newest that verified a tree."""
         stopped = run.stopped and ev.finished is None
         events = run.events[:ev.index + 1] if live else run.events
-        stats = stats_markdown(summarize(events), stopped=stopped or run.done)
+        stats = stats_markdown(summarize(events), stopped=stopped or run.done, drafter=drafter_name(events))
         if tree:
             if final:  # after the run: the round most worth a look, not simply the last one
                 at = events[instructive_round(events)]

@@ -22,7 +22,7 @@ from specdec import RoundEvent
 from specdec.stats import (accepted_by_lookup, accepted_drafts, change_rounds, decode_rounds, depth_counts,
                            engine_seconds, expected_length_error, rule_label, throughput, tree_size)
 
-from .replay import node_rule
+from .replay import drafter_name, node_rule
 
 STATUS_COLORS = {
     "root": "#455a64",
@@ -325,7 +325,7 @@ def accepted_length_figure(events: list[RoundEvent], current: int | None = None)
     own = [len(ev.emitted) - d for ev, d in zip(dec, drafts)]
     if any(looked_up):  # the heads' share keeps its name, prompt lookup's share stacks on it
         heads = [d - k for d, k in zip(drafts, looked_up)]
-        model = "EAGLE-3" if any(n.source == "eagle3" for ev in dec for n in ev.nodes) else "heads"
+        model = drafter_name(dec)
         data = [dict(type="bar", x=xs, y=heads, name=f"accepted drafts ({model})",
                      marker=dict(color=STATUS_COLORS["accepted"])),
                 dict(type="bar", x=xs, y=looked_up, name="accepted drafts (prompt lookup)",

@@ -16,6 +16,11 @@ from specdec.stats import accepted_by_lookup, accepted_drafts, rule_label
 HIGHLIGHT_COLOR = "#6a1b9a"  # the current round's tokens: an outline in the ⚙ marker's purple
 
 
+def drafter_name(events) -> str:
+    """The model drafter of a run's (or a round's) drafts in words: "EAGLE-3" or "heads"."""
+    return "EAGLE-3" if any(n.source == "eagle3" for ev in events for n in ev.nodes) else "heads"
+
+
 def _q(text: str) -> str:
     """A token quoted for a sentence, whitespace made visible."""
     shown = text.replace("\n", "↵").replace("\t", "⇥")
@@ -82,7 +87,7 @@ def narrate(ev: RoundEvent | None) -> str:
     drafts = [n for n in ev.nodes[1:]]
     by_lookup = sum(1 for n in drafts if n.source == "lookup")
     branches = sum(1 for n in drafts if n.parent == 0)
-    model = "EAGLE-3" if any(n.source == "eagle3" for n in drafts) else "The heads"
+    model = {"heads": "The heads"}.get(drafter_name([ev]), "EAGLE-3")
     who = model if not by_lookup else ("Prompt lookup" if by_lookup == len(drafts) else
                                        f"{model} and prompt lookup ({by_lookup} copied)")
     first = (f"{who} proposed {len(drafts)} token{'s' if len(drafts) != 1 else ''} in {branches} "

@@ -21,8 +21,8 @@ def status_words(finished: str | None, stopped: bool = False) -> str:
     return FINISHED_WORDS.get(finished, finished) if finished else "running…"
 
 
-def stats_markdown(s: dict, stopped: bool = False) -> str:
-    """One Markdown line for the stats box."""
+def stats_markdown(s: dict, stopped: bool = False, drafter: str = "heads") -> str:
+    """One Markdown line for the stats box; `drafter` names the model drafter ("heads", "EAGLE-3")."""
     if not s["new_tokens"]:
         return ""
     rule = ", ".join(rule_label(r) for r in s["rules"])
@@ -32,7 +32,7 @@ def stats_markdown(s: dict, stopped: bool = False) -> str:
         f"mean accepted length **{_fmt(s['mean_accepted_length'])}** tokens/target forward "
         f"(over {s['rounds']} rounds, prefill excluded)",
         f"**{_fmt(s['tokens_per_second'], 1)}** tok/s (engine time)",
-        *([f"accepted drafts: {s['accepted_drafts'] - s['lookup_drafts']} by heads, "
+        *([f"accepted drafts: {s['accepted_drafts'] - s['lookup_drafts']} by {drafter}, "
            f"**{s['lookup_drafts']}** by prompt lookup (which drafted in {s['lookup_rounds']} of the rounds)"]
           if s.get("lookup_rounds") else []),
         f"rule: {rule}",

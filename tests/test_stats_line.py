@@ -18,6 +18,7 @@ def test_lookup_drafts_in_stats_tokens_and_charts():
     assert s["accepted_drafts"] == 7 and s["lookup_drafts"] == 5 and s["lookup_rounds"] == 1
     assert "accepted drafts: 2 by heads, **5** by prompt lookup (which drafted in 1 of the rounds)" in stats_markdown(s)
     assert "prompt lookup" not in stats_markdown(summarize(run_events()))
+    assert "accepted drafts: 2 by EAGLE-3, **5** by prompt lookup" in stats_markdown(s, drafter="EAGLE-3")
     out = render_round(lookup_event())
     assert out.count("sd-lookup") == 5
     assert 'title="round 1 · accepted draft (prompt lookup) · draft q=- · target p=0.900"' in out
