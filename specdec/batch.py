@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from . import kv_cache
+from . import drafting, kv_cache
 from .events import RoundEvent
 from .run_state import Draft, RunState
 from .sampler import SamplingParams
@@ -338,7 +338,7 @@ class Batch:
                     raise ValueError("`params` must return a SamplingParams")
                 clock.last = time.perf_counter()  # this request's own draft time only
                 self._hook(m, "draft")
-                drafts[i] = eng.draft(m.run, params[i])
+                drafts[i] = drafting.draft(eng, m.run, params[i])
             except Exception as e:  # noqa: BLE001 (isolated: this request alone ends)
                 outcome[i] = _failed("params" if i not in params else "draft", e, m.index)
                 continue
@@ -457,7 +457,7 @@ class Batch:
             self._hook(m, "commit")
             emitted = eng.commit(run, draft, verdict, hidden)
             clock.lap("cache")
-            eng.learn(run, draft, verdict, params)
+            drafting.learn(run, draft, verdict, params)
             step = "event"
             ev = eng.event(run, m.index, draft, verdict, emitted, params, clock)
             ev = replace(ev, extra={**ev.extra, "batch": size})

@@ -29,14 +29,14 @@ class Draft:
     tokens: list[int]  # [N]
     q: list[float | None]  # [N]; None for the root and for prompt-lookup nodes (point-mass drafts)
     drafted: bool  # False for a plain round: the root alone, nothing proposed
-    # The dynamic policy's bookkeeping, per node: ("heads", depth, rank, score q) or ("lookup", chain
-    # position), None for the root; empty for static trees.
+    # The dynamic policy's bookkeeping, per node: `drafting.HeadNode` or `drafting.ChainNode`, None for the
+    # root; empty for static trees.
     learn: tuple = ()
     expected: float | None = None  # the policy's expected tokens this round
     heads_ran: float = 0.0  # the share of the heads that ran: 0, 1/K for a probe of the first, or 1
     match: int = 0  # the length of the n-gram the lookup chain followed (0: no chain)
     # Greedy dynamic rounds that ran the heads: every candidate's (scores [D][k], token ids [D][k]), drafted
-    # or not, so the policy learns how each would have fared (`Engine.learn`).
+    # or not, so the policy learns how each would have fared (`drafting.learn`).
     candidates: tuple | None = None
     source: str = "heads"  # what drafted the non-lookup nodes: "heads" (Medusa) or "eagle3"
 

@@ -149,8 +149,8 @@ def test_negative_control_blind_graft_mask_is_caught(repetitive, monkeypatch):
             mask[i, i] = True
         return dataclasses.replace(t, ancestor_mask=mask)
 
-    import specdec.engine as engine_mod
-    monkeypatch.setattr(engine_mod, "graft_chain", blind)
+    import specdec.drafting as drafting_mod
+    monkeypatch.setattr(drafting_mod, "graft_chain", blind)
     loaded = specdec.load(model, heads=None, device="cpu")
     out = specdec.generate(loaded, prompt_ids=prompt, max_new_tokens=N, lookup=8, eos_token_id=None)
     assert out.token_ids != ref

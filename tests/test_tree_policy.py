@@ -134,7 +134,7 @@ def test_lookup_chains_are_calibrated_by_the_length_of_their_match():
 def test_greedy_rounds_learn_the_candidates_they_did_not_draft():
     """Under the accepted path, every head candidate's outcome is known in greedy decoding: the policy
     learns it, once, for the depths the path reached and no deeper."""
-    from specdec.engine import _undrafted
+    from specdec.drafting import _undrafted
     from specdec.run_state import Draft
     from specdec.verifier import Verdict
 

@@ -1,0 +1,198 @@
+"""The draft step: which drafters propose a round's tree, and how their proposals merge under one budget.
+
+Three drafters propose: the Medusa heads (from the hidden state of the last accepted token), the
+EAGLE-3 drafter (`eagle.Eagle3Drafter`, from the target's tapped features and its own KV cache), and
+prompt lookup (`lookup.NgramIndex`: the tokens that followed the last occurrence of the context's
+suffix n-gram). A static tree is a fixed policy: the heads fill a preset's shape. The "auto" policy
+(`tree_policy.DynamicTree`) scores the heads' candidates and the lookup chain together and keeps the
+nodes worth most tokens per second under the measured cost model; EAGLE-3 grows its own EAGLE-2 tree. A
+lookup chain is merged into any of them (`lookup_mode="merge"`), or drafts alone when the context
+repeats ("first"). Every choice is a function of committed tokens and the round's params, so output
+stays exact whatever is drafted.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+
+from .draft_tree import Tree, build_tree, candidates, graft_chain, merge_chain
+from .request import ROOT_ONLY
+from .run_state import Draft, RunState
+from .sampler import SamplingParams
+from .tree_policy import head_scores
+from .verifier import Verdict
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+class HeadNode(NamedTuple):
+    """A drafted node the heads proposed: head `depth`'s rank-`rank` candidate, scored `score`."""
+
+    depth: int
+    rank: int
+    score: float
+
+
+class ChainNode(NamedTuple):
+    """A drafted node from the lookup chain, at chain `position`."""
+
+    position: int
+
+
+def draft(engine: "Engine", run: "RunState", params: SamplingParams) -> "Draft":
+    """Step 1: the round's tree and tokens: heads, prompt lookup, or the root alone (a plain round)."""
+    plan, req = run.plan, run.plan.request
+    # The root (pending) goes at position `committed`; a depth-d node at committed + d.
+    room = min(req.max_new_tokens - run.produced - 1, run.limit - 1 - run.committed)
+    if plan.tree is None or room < 1:  # plain decoding, or the last token: nothing to draft
+        return Draft(ROOT_ONLY, [run.pending], [None], drafted=False,
+                     expected=1.0 if run.policy is not None else None)
+    chain, match = run.ngram.match(min(req.lookup, room)) if run.ngram is not None else ([], 0)
+    if run.eagle is not None:
+        return _eagle(engine, run, chain, match, room)
+    if run.policy is not None:
+        return _dynamic(engine, run, params, chain, match, room)
+    tree = plan.tree if plan.tree.max_depth <= room else plan.tree.truncated(room)
+    if chain and req.lookup_mode == "first":
+        tree = ROOT_ONLY  # the context repeats: skip the heads' cost this round
+    heads_ran = 1.0 if tree.num_nodes > 1 else 0.0
+    tokens, q = _fill(engine, tree, run)
+    if chain:
+        tree, tokens = graft(tree, tokens, chain)
+        q += [None] * (len(tokens) - len(q))
+    return Draft(tree, tokens, q, drafted=True, heads_ran=heads_ran, match=match if chain else 0)
+
+
+def _dynamic(engine: "Engine", run: "RunState", params: SamplingParams, chain: list[int], match: int, room: int
+                   ) -> "Draft":
+    """Step 1 under the "auto" policy: score the heads' candidates, let the policy pick the tree
+    (`match`: the length of the n-gram the lookup chain follows)."""
+    policy, scores, top = run.policy, None, None
+    k = policy.wants_heads(len(chain), room, params.greedy, match) if engine.heads is not None else 0
+    if k:
+        with torch.inference_mode():
+            # Scored under the round's own filters: that is the law the target is verified with.
+            top_q, top_i, score = head_scores(_heads_logits(engine, run, min(k, room)), params)  # [D, k] each
+            host = torch.stack([top_q, score, top_i.float()]).tolist()  # one host sync; ids < 2**24 are exact
+        top, scores = (host[0], host[2]), host[1]  # ids as floats: int() only for the nodes drafted
+    if scores is None and not chain:  # the heads rest and nothing repeats: a plain round
+        return Draft(ROOT_ONLY, [run.pending], [None], drafted=False, expected=1.0)
+    choice = policy.choose(scores, len(chain), room, params.greedy, match)
+    tree = build_tree(choice.paths, checked=True)  # prefix-closed and sorted by construction
+    tokens, q, learn = [run.pending], [None], [None]
+    for p in tree.paths[1:]:  # BFS order: node i is paths[i]
+        d, r = len(p) - 1, p[-1]
+        tokens.append(int(top[1][d][r]))
+        q.append(top[0][d][r])
+        learn.append(HeadNode(d, r, scores[d][r]))
+    chain = chain[: choice.chain]
+    if chain:
+        tree, tokens = graft(tree, tokens, chain)
+        grafted = len(tokens) - len(q)
+        q += [None] * grafted
+        first = len(chain) - grafted  # chain positions the merged head nodes stood in for
+        learn += [ChainNode(first + j) for j in range(grafted)]
+    return Draft(tree, tokens, q, drafted=True, learn=tuple(learn), expected=choice.expected,
+                 heads_ran=k / engine.heads.config.num_heads if k else 0.0, match=match if chain else 0,
+                 candidates=(scores, top[1]) if scores is not None and params.greedy else None)
+
+
+def _eagle(engine: "Engine", run: "RunState", chain: list[int], match: int, room: int) -> "Draft":
+    """Step 1 with the EAGLE-3 drafter: its EAGLE-2 tree, a lookup chain grafted in or ("first") alone."""
+    tree, tokens, q = ROOT_ONLY, [run.pending], [None]
+    if not (chain and run.plan.request.lookup_mode == "first"):
+        grown = engine.eagle_drafter.propose(run.eagle, run.pending, room)
+        if grown is not None:
+            tree, tokens, q = grown.tree, grown.tokens, grown.q
+    if chain:
+        tree, tokens = graft(tree, tokens, chain)
+        q = q + [None] * (len(tokens) - len(q))
+    if tree.num_nodes == 1:
+        return Draft(ROOT_ONLY, [run.pending], [None], drafted=False)
+    return Draft(tree, tokens, q, drafted=True, match=match if chain else 0, source=engine.eagle_drafter.source)
+
+
+def _fill(engine: "Engine", tree: Tree, run: "RunState") -> tuple[list[int], list[float | None]]:
+    """The heads fill the tree: N tokens and their draft probabilities (None at the root)."""
+    if tree.num_nodes == 1:  # prompt lookup alone: no heads to run
+        return [run.pending], [None]
+    with torch.inference_mode():
+        tokens, q = candidates(run.pending, _heads_logits(engine, run), tree)  # [N], [N]
+    q_list = q.tolist()
+    q_list[0] = None
+    return tokens.tolist(), q_list
+
+
+def _heads_logits(engine: "Engine", run: "RunState", k: int | None = None) -> torch.Tensor:
+    """The first k heads' logits (all: None) after the run's last committed token. -> [k, V]
+
+    In a batched round `run.shared_heads` computes every member's rows in one call, on first use.
+    """
+    if run.shared_heads is not None:
+        return run.shared_heads(run)[:k]
+    return engine.head_logits(run.h_last, k)
+
+
+def graft(tree: Tree, tokens: list[int], chain: list[int]) -> tuple[Tree, list[int]]:
+    """Merge a prompt-lookup chain into the filled tree; graft what does not match as new nodes.
+
+    The chain is at most `room` long and each merged token is one level deeper, so the grafted
+    nodes stay within `room` too.
+    """
+    attach, rest = merge_chain(tree, tokens, chain)
+    if not rest:
+        return tree, tokens
+    return graft_chain(tree.paths[1:], attach, len(rest)), tokens + rest
+
+
+def learn(run: "RunState", draft: "Draft | None", verdict: Verdict, params: SamplingParams) -> None:
+    """The dynamic policy learns from the verdict: each drafted node whose parent was reached.
+
+    Its outcome is, greedy, whether it was the target's argmax; sampling, the target's filtered
+    p(token), the chance the lossless rule accepts it (known for the children it tried). Greedy
+    rounds also teach how every head candidate that was not drafted would have fared under the
+    accepted path: the target's token at each depth that path reached is known, and a head's guess
+    for that depth does not depend on the path. Without that, a candidate the policy never drafts
+    (a sibling whose score is low) never shows that it would have been accepted, and its estimate
+    keeps the prior: measured on the embedded model, the policy drafted 7-node trees that yielded
+    2.14 tokens where the static 16-node tree, drafting those siblings, yielded 2.59.
+    """
+    if run.policy is None or draft is None or not draft.drafted:
+        return
+    reached = set(verdict.accepted)
+    heads, lookup = [], []
+    for c in range(1, draft.tree.num_nodes):
+        if draft.tree.parent[c] not in reached:
+            continue
+        outcome = (1.0 if c in reached else 0.0) if params.greedy else verdict.target_prob.get(c)
+        if outcome is None:  # sampling stopped trying siblings after an earlier one was accepted
+            continue
+        node = draft.learn[c]
+        if isinstance(node, HeadNode):
+            heads.append((node.depth, node.rank, node.score, outcome))
+        else:
+            lookup.append((node.position, outcome))
+    if draft.candidates is not None:
+        heads += _undrafted(draft, verdict, {(d, r) for d, r, _, _ in heads})
+    run.policy.observe(params.greedy, heads, lookup, draft.tree.num_nodes, len(verdict.accepted), draft.heads_ran,
+                       draft.match)
+
+
+def _undrafted(draft: "Draft", verdict: Verdict, seen: set[tuple[int, int]]) -> list[tuple[int, int, float, float]]:
+    """(depth, rank, score, outcome) of the greedy head candidates a round did not draft under its accepted path.
+
+    Head d guesses the token at depth d + 1; wherever the accepted path reached depth d, the target's
+    token there is known (an accepted draft, or the round's own next token), so each candidate's outcome
+    is whether it was that token. `seen`: the (depth, rank) pairs already learned as drafted nodes.
+    """
+    scores, ids = draft.candidates  # [D][k] each
+    path = verdict.accepted
+    truth = [draft.tokens[n] for n in path[1:]] + [verdict.next_token]  # the target's token at depth 1, 2, ...
+    out = []
+    for d in range(min(len(ids), len(path))):
+        for r, (score, token) in enumerate(zip(scores[d], ids[d])):
+            if (d, r) not in seen:
+                out.append((d, r, score, 1.0 if int(token) == truth[d] else 0.0))
+    return out
