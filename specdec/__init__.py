@@ -6,7 +6,8 @@ from .events import EmittedToken, RoundEvent, TreeNode
 from .heads import HeadsConfig, MedusaHeads
 from .request import GenerationRequest
 from .sampler import SamplingParams
-from .scheduler import RequestFailed, Scheduler
+from .failure import RequestFailed
+from .scheduler import Scheduler
 from .streaming import Delta, Stream, stream
 
 __all__ = ["load", "generate", "generate_batch", "stream", "Stream", "Delta", "Scheduler", "RequestFailed", "Loaded", "GenerationResult",

@@ -19,7 +19,8 @@ from .heads_io import read_heads
 from .lookup import DEFAULT_LOOKUP
 from .request import GenerationRequest
 from .sampler import SamplingParams
-from .scheduler import DEFAULT_MAX_BATCH_SIZE, RequestFailed, Scheduler
+from .failure import RequestFailed
+from .scheduler import DEFAULT_MAX_BATCH_SIZE, Scheduler
 from .stats import summarize
 from .target import TargetModel
 from .threads import off_the_callers_thread

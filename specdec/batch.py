@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from . import drafting, kv_cache
-from .events import RoundEvent
+from .failure import Failure, Outcome, cause_of, failed, message_of
 from .run_state import Draft, RunState
 from .sampler import SamplingParams
 from .stopwatch import Stopwatch
@@ -43,53 +43,6 @@ if TYPE_CHECKING:
 # fault_hook(request id, round index, step) is called before each step of each request; whatever it
 # raises is handled as that step's own failure (tests use it to simulate faults).
 FaultHook = Callable[[int, int, str], None]
-CAUSES = ("callback", "params", "non_finite", "out_of_memory", "error")
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why a request ended in error: the cause (one of CAUSES), the step and round, and the message."""
-
-    cause: str
-    step: str
-    index: int
-    message: str
-
-    def __str__(self) -> str:
-        return f"request failed in round {self.index} ({self.step}, {self.cause}): {self.message}"
-
-
-class RequestFailed(RuntimeError):
-    """A request ended in error inside its own round; `failure` says where and why. Other requests go on."""
-
-    def __init__(self, failure: Failure, events: list[RoundEvent] | None = None) -> None:
-        super().__init__(str(failure))
-        self.failure = failure
-        self.events = list(events or [])  # what the request had made before it failed
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """One request's part of a round: its event (None when it failed before one was made), and why it ended
-    in error (None: it goes on, or finished), with the exception that raised, if one did."""
-
-    event: RoundEvent | None
-    failure: Failure | None = None
-    error: BaseException | None = field(default=None, compare=False, repr=False)
-
-
-def _failed(step: str, e: BaseException, index: int) -> Outcome:
-    return Outcome(None, Failure(cause_of(step, e), step, index, _message(e)), e)
-
-
-def cause_of(step: str, exc: BaseException) -> str:
-    if isinstance(exc, torch.OutOfMemoryError):
-        return "out_of_memory"
-    if step in ("callback", "params"):
-        return step
-    return "error"
-
-
 @dataclass(eq=False)
 class Member:
     """One request in the batch: its run, callbacks and round counter."""
@@ -249,7 +202,7 @@ class Batch:
                     self._hook(m, "forward")
                     self._stage(m, lo + len(live), release=False)
                 except Exception as e:  # noqa: BLE001 (isolated: it ends, still holding its own buffer)
-                    outcome[i] = _failed("forward", e, m.index)
+                    outcome[i] = failed("forward", e, m.index)
                     continue
                 solos[i] = solo
                 live.append(i)
@@ -278,7 +231,7 @@ class Batch:
             if self.engine.prefix_cache is not None:
                 self.engine.prefix_cache.insert(m.run.plan.ids, m.run.cache)
         except Exception as e:  # noqa: BLE001 (isolated, as in `Engine.forward` on its own buffer)
-            return _failed("forward", e, m.index)
+            return failed("forward", e, m.index)
         clock.last = time.perf_counter()
         clock.ms["forward"] = forward_ms + (clock.last - start) * 1e3  # the shared forward, then its own commit
         return self._finish(m, None, hidden, m.run.plan.first, clock, size=size)
@@ -298,7 +251,7 @@ class Batch:
                     out[i] = self.engine.target.forward_rows(self.cache, lo + j, [tokens[j]], [None],
                                                              ms[i].run.eagle is not None)[0]
                 except Exception as e:  # noqa: BLE001
-                    outcome[i] = _failed("forward", e, ms[i].index)
+                    outcome[i] = failed("forward", e, ms[i].index)
         return self._check_finite(ms, out, outcome)
 
     def _first_round(self, m: Member) -> Outcome:
@@ -311,7 +264,7 @@ class Batch:
             self._hook(m, "forward")
             hidden = eng.forward(run, None)
         except Exception as e:  # noqa: BLE001 (isolated: this request alone ends)
-            return _failed("forward", e, m.index)
+            return failed("forward", e, m.index)
         clock.lap("forward")
         if not bool(torch.isfinite(hidden).all()):
             return Outcome(None, Failure("non_finite", "forward", m.index, "the target's hidden state has NaN or inf values"))
@@ -327,7 +280,7 @@ class Batch:
         params: dict[int, SamplingParams] = {}
         drafts: dict[int, Draft] = {}
         clocks: dict[int, Stopwatch] = {}
-        shared = _SharedHeads(eng.heads, members) if b > 1 else None  # alone: the engine's own call (graphs, probes)
+        shared = drafting.SharedHeads(eng.heads, members) if b > 1 else None  # alone: the engine's own call (graphs, probes)
         for i, m in enumerate(members):
             clock = clocks[i] = Stopwatch()
             m.run.shared_heads = shared
@@ -340,7 +293,7 @@ class Batch:
                 self._hook(m, "draft")
                 drafts[i] = drafting.draft(eng, m.run, params[i])
             except Exception as e:  # noqa: BLE001 (isolated: this request alone ends)
-                outcome[i] = _failed("params" if i not in params else "draft", e, m.index)
+                outcome[i] = failed("params" if i not in params else "draft", e, m.index)
                 continue
             clock.lap("draft")
         for m in members:
@@ -398,7 +351,7 @@ class Batch:
                     self._hook(members[i], "forward")
                     out[i] = self.engine.forward(members[i].run, drafts[i])
                 except Exception as e:  # noqa: BLE001
-                    outcome[i] = _failed("forward", e, members[i].index)
+                    outcome[i] = failed("forward", e, members[i].index)
             return self._check_finite(members, out, outcome)
         # Failed members still hold their rows this round (the rows are contiguous): they run their
         # pending token alone, and nothing of it is committed.
@@ -422,7 +375,7 @@ class Batch:
                     out[i] = self.engine.target.forward_rows(self.cache, m.run.cache.row, [tokens[i]], [trees[i]],
                                                              m.run.eagle is not None)[0]
                 except Exception as e:  # noqa: BLE001
-                    outcome[i] = _failed("forward", e, m.index)
+                    outcome[i] = failed("forward", e, m.index)
         return self._check_finite(members, out, outcome)
 
     @staticmethod
@@ -468,7 +421,7 @@ class Batch:
         except Exception as e:  # noqa: BLE001 (isolated: this request alone ends)
             if ev is not None:
                 m.index += 1
-            return Outcome(ev, Failure(cause_of(step, e), step, m.index - (ev is not None), _message(e)), e)
+            return Outcome(ev, Failure(cause_of(step, e), step, m.index - (ev is not None), message_of(e)), e)
         m.index += 1
         return Outcome(ev)
 
@@ -497,38 +450,3 @@ class chaos:  # noqa: N801 (used as a function: `chaos(0.25)` is a fault hook)
                 raise torch.OutOfMemoryError("CUDA out of memory (injected by the chaos hook)")
             if (rid // every) % 2 == 1 and step == "verify":
                 raise RuntimeError("injected by the chaos hook")
-
-
-class _SharedHeads:
-    """The heads' logits of every member in one call, made when the first member's draft asks for them.
-
-    One [b, H] -> [K, b, V] call reads the heads' weights once for the batch; on a CPU it costs
-    about what one member's call does. Heads that only take one hidden state (a test double) are
-    called per member instead.
-    """
-
-    def __init__(self, heads, members: list[Member]) -> None:
-        self.heads = heads
-        self.row = {id(m.run): i for i, m in enumerate(members)}
-        self.members = members
-        self.rows: torch.Tensor | None = None  # [K, b, V]
-        self.per_member = len(members) == 1
-
-    def __call__(self, run: RunState) -> torch.Tensor:
-        if not self.per_member and self.rows is None:
-            h = torch.stack([m.run.h_last for m in self.members])  # [b, H]
-            try:
-                rows = self.heads(h)
-            except (RuntimeError, ValueError, IndexError, TypeError):
-                rows = None
-            if rows is None or rows.dim() != 3 or rows.shape[1] != len(self.members):
-                self.per_member = True
-            else:
-                self.rows = rows
-        if self.per_member:
-            return self.heads(run.h_last)  # [K, V]
-        return self.rows[:, self.row[id(run)]]  # [K, V]
-
-
-def _message(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}"

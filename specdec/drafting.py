@@ -196,3 +196,34 @@ def _undrafted(draft: "Draft", verdict: Verdict, seen: set[tuple[int, int]]) -> 
             if (d, r) not in seen:
                 out.append((d, r, score, 1.0 if int(token) == truth[d] else 0.0))
     return out
+
+
+class SharedHeads:
+    """The heads' logits of every member in one call, made when the first member's draft asks for them.
+
+    One [b, H] -> [K, b, V] call reads the heads' weights once for the batch; on a CPU it costs
+    about what one member's call does. Heads that only take one hidden state (a test double) are
+    called per member instead.
+    """
+
+    def __init__(self, heads, members: list) -> None:
+        self.heads = heads
+        self.row = {id(m.run): i for i, m in enumerate(members)}
+        self.members = members
+        self.rows: torch.Tensor | None = None  # [K, b, V]
+        self.per_member = len(members) == 1
+
+    def __call__(self, run: RunState) -> torch.Tensor:
+        if not self.per_member and self.rows is None:
+            h = torch.stack([m.run.h_last for m in self.members])  # [b, H]
+            try:
+                rows = self.heads(h)
+            except (RuntimeError, ValueError, IndexError, TypeError):
+                rows = None
+            if rows is None or rows.dim() != 3 or rows.shape[1] != len(self.members):
+                self.per_member = True
+            else:
+                self.rows = rows
+        if self.per_member:
+            return self.heads(run.h_last)  # [K, V]
+        return self.rows[:, self.row[id(run)]]  # [K, V]

@@ -29,10 +29,11 @@ import torch
 from . import cost as cost_mod
 from . import eagle as eagle_mod
 from . import kv_cache
-from .batch import Batch, Member, RequestFailed
+from .batch import Batch, Member
 from .detok import IncrementalDecoder
 from .draft_tree import PRESETS, Tree, resolve_tree
 from .events import EmittedToken, RoundEvent
+from .failure import RequestFailed
 from .heads import MedusaHeads
 from .lookup import NgramIndex
 from .request import LOOKUP_MODES, ROOT_ONLY, GenerationRequest, Plan, default_eos

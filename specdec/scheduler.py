@@ -31,7 +31,8 @@ from concurrent.futures import Future
 from typing import Callable, Iterator, Protocol
 
 from . import kv_cache
-from .batch import CAUSES, Batch, FaultHook, Failure, Member, RequestFailed, _message, cause_of
+from .batch import Batch, FaultHook, Member
+from .failure import CAUSES, Failure, RequestFailed, cause_of, message_of
 from .engine import Engine
 from .events import RoundEvent
 from .request import GenerationRequest
@@ -329,7 +330,7 @@ class Scheduler:
         it (their clients get an error, not a stream that never ends) and the thread serves on from an
         empty batch. Without it the thread died and every client, present and future, waited forever."""
         log.exception("scheduler error: ending the requests in flight")
-        failure = Failure(cause_of("scheduler", e), "scheduler", 0, _message(e))
+        failure = Failure(cause_of("scheduler", e), "scheduler", 0, message_of(e))
         for t, m in self._prefilling:
             try:
                 self._release(m, failed=True)  # a pooled buffer goes back
@@ -376,7 +377,7 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001 (isolated: this request alone ends)
                 self._prefilling.remove(entry)
                 self._release(entry[1], failed=True)
-                self._fail(t, Failure(cause_of("prefill", e), "prefill", 0, _message(e)))
+                self._fail(t, Failure(cause_of("prefill", e), "prefill", 0, message_of(e)))
                 continue
             if fed:
                 break  # the budget is spent: the batch's round comes next
@@ -408,7 +409,7 @@ class Scheduler:
             try:
                 stop = bool(t.should_stop())
             except Exception as e:  # noqa: BLE001
-                failure = Failure("callback", "should_stop", m.index, _message(e))
+                failure = Failure("callback", "should_stop", m.index, message_of(e))
         if failure is not None:
             if joined:
                 self._batch.remove(m, failed=True)

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 
 from .metrics import Metrics, RequestMetrics
-from .scheduler import RequestFailed
+from .failure import RequestFailed
 from .streaming import Delta, Stream, stream
 
 CHAT_DEFAULT_TOKENS = 4096  # a chat request's default max_tokens where the model's context is unknown

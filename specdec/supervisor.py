@@ -17,7 +17,7 @@ import time
 from concurrent.futures import Future
 from typing import Callable
 
-from .batch import Failure, _message
+from .failure import Failure, message_of
 from .engine import RoundEvent
 from .scheduler import SchedulerMetrics, Ticket
 
@@ -87,7 +87,7 @@ class RemoteTicket(Ticket):
         except Exception as e:  # noqa: BLE001 (the scheduler's rule: it ends its own request only)
             self.conn.post(("cancel", self.rid))
             self.conn.count_failure(cause)
-            self._end(Failure(cause, step, index, _message(e)))
+            self._end(Failure(cause, step, index, message_of(e)))
             return False
 
 
@@ -349,7 +349,7 @@ class Supervisor:
                 conn = self._launch()
             except Exception as e:  # noqa: BLE001 (a process that fails to start is retried, later)
                 self._delay = delay = backoff(delay, 0.0)
-                log.error("the engine's new process failed (%s): trying again in %.1f s", _message(e), delay)
+                log.error("the engine's new process failed (%s): trying again in %.1f s", message_of(e), delay)
                 continue
             with self._cond:
                 if self._closed:
