@@ -19,7 +19,8 @@ from typing import Callable
 
 from .failure import Failure, message_of
 from .engine import RoundEvent
-from .scheduler import SchedulerMetrics, Ticket
+from .scheduler import SchedulerMetrics
+from .ticket import Ticket
 
 log = logging.getLogger(__name__)
 

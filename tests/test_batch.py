@@ -245,7 +245,7 @@ def test_joining_requests_share_round_0s_forward_and_stay_exact(arch, models):
 def test_a_nan_row_in_round_0s_shared_forward_ends_that_request_alone(models):
     """Real NaNs in one row of the joining requests' shared forward: that request fails before its first
     token; the others decode exactly, and so does a later request that takes its cleaned row."""
-    from specdec.scheduler import RequestFailed
+    from specdec import RequestFailed
 
     model = models["llama"]
     loaded = specdec.load(model, heads="random", device="cpu")

@@ -20,7 +20,7 @@ from specdec.api import encode
 from specdec.batch import chaos
 from specdec.engine_process import ENGINE_GONE, RemoteTicket
 from specdec.lookup import DEFAULT_LOOKUP
-from specdec.scheduler import RequestFailed
+from specdec import RequestFailed
 from specdec.supervisor import FIRST_DELAY, HEALTHY, MAX_DELAY, backoff
 
 from conftest import wait_until

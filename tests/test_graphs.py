@@ -338,7 +338,7 @@ def test_a_nan_prompt_in_a_shared_round_0_gives_its_pooled_buffer_back_zeroed(ll
     buffer it prefilled in goes back zeroed, so the next request to borrow it decodes exactly (it went
     back as it was once, before the verdict, and the next request failed too)."""
     from conftest import submit_together
-    from specdec.scheduler import RequestFailed
+    from specdec import RequestFailed
 
     loaded = graphed(llama, heads=None)
     poisoned = 127  # a token id whose embedding becomes NaN
@@ -431,7 +431,7 @@ def test_the_scheduler_gives_pooled_buffers_back(llama, size):
 def test_a_request_failing_in_the_scheduler_leaves_a_zeroed_buffer(llama, size):
     """A fault in round 0, before the request joins the batch's rows: the pooled buffer it held comes back
     zeroed, and the next request is exact. (Later faults are in a batch row, which `Batch.remove` clears.)"""
-    from specdec.scheduler import RequestFailed, Scheduler
+    from specdec import RequestFailed, Scheduler
 
     loaded = graphed(llama, max_batch_size=size)
     graphs = loaded.engine.target.graphs

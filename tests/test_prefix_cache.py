@@ -138,7 +138,7 @@ def test_a_prompt_whose_prefill_is_nan_is_not_kept(together):
     with it would fail too. Alone (its own buffer) and with another joining request (a shared round 0)."""
     from conftest import submit_together
     from specdec.request import GenerationRequest
-    from specdec.scheduler import RequestFailed, Scheduler
+    from specdec import RequestFailed, Scheduler
 
     model = make_model("llama")
     cache = PrefixCache(min_tokens=4)

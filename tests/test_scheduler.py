@@ -20,7 +20,7 @@ import specdec.engine as engine_mod
 from conftest import PROMPTS, hf_greedy, make_model, naive_logits, reference_probs, submit_together, wait_until
 from specdec.request import GenerationRequest
 from specdec.sampler import SamplingParams
-from specdec.scheduler import RequestFailed, Scheduler
+from specdec import RequestFailed, Scheduler
 from test_lossless import CONTEXT, FAIL_P, PASS_P, ROOT, V, chi2_pvalue
 from test_tree_policy import MODERATE
 

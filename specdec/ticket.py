@@ -1,0 +1,92 @@
+"""A client's handle on one request in the scheduler: the events as they come, then its end."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Callable, Iterator
+
+from .events import RoundEvent
+from .failure import Failure, RequestFailed
+
+log = logging.getLogger(__name__)
+_END = object()
+
+
+class Ticket:
+    """A client's handle on one request: iterate it for the events; `cancel()` frees its slot by the next round.
+
+    Iterating yields every round event as it is made, then raises RequestFailed if the request failed
+    (its earlier events stay in `events`). Closing the iterator early cancels the request.
+    """
+
+    def __init__(self, rid: int, plan, callbacks: list, should_stop: Callable[[], bool] | None,
+                 on_end: Callable[[Failure | None], None] | None = None) -> None:
+        self.rid = rid
+        self.plan = plan
+        self.callbacks = callbacks
+        self.should_stop = should_stop
+        self.on_end = on_end
+        self.events: list[RoundEvent] = []
+        self.failure: Failure | None = None
+        self.submitted = time.monotonic()
+        self.started: float | None = None  # when its prefill began (the end of its queue wait)
+        self.done = threading.Event()
+        self._cancelled = False
+        self._items: deque = deque()
+        self._ready = threading.Condition()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def cancel(self) -> None:
+        """Stop this request: the scheduler drops it before its next round (nothing more is delivered)."""
+        self._cancelled = True
+
+    def __iter__(self) -> Iterator[RoundEvent]:
+        try:
+            while True:
+                with self._ready:
+                    while not self._items:
+                        self._ready.wait()
+                    item = self._items.popleft()
+                if item is _END:
+                    break
+                yield item
+        finally:
+            if not self.done.is_set():
+                self.cancel()  # the client stopped reading: free the slot
+        if self.failure is not None:
+            raise RequestFailed(self.failure, self.events)
+
+    def result(self, timeout: float | None = None) -> list[RoundEvent]:
+        """Wait for the end and return every event (RequestFailed if it failed)."""
+        if not self.done.wait(timeout):
+            raise TimeoutError(f"request {self.rid} still running after {timeout} s")
+        if self.failure is not None:
+            raise RequestFailed(self.failure, self.events)
+        return list(self.events)
+
+    # -- the scheduler's side --------------------------------------------------------------
+    def _put(self, item) -> None:
+        with self._ready:
+            self._items.append(item)
+            self._ready.notify()
+
+    def _deliver(self, ev: RoundEvent) -> None:
+        self.events.append(ev)
+        self._put(ev)
+
+    def _end(self, failure: Failure | None = None) -> None:
+        if self.done.is_set():
+            return
+        self.failure = failure
+        self.done.set()
+        self._put(_END)
+        if self.on_end is not None:
+            try:
+                self.on_end(failure)
+            except Exception:  # noqa: BLE001 (the request has ended either way)
+                log.exception("request %d: on_end failed", self.rid)
