@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -192,28 +193,61 @@ def candidates(root_token: int, head_logits: torch.Tensor, tree: Tree) -> tuple[
 # -- tree design --------------------------------------------------------------
 
 def best_tree(acc: list[list[float]], budget: int) -> tuple[Path, ...]:
-    """The tree with the highest expected accepted length under a node budget.
+    """The tree with the highest expected accepted length under a node budget (`best_first`'s first
+    `budget` nodes), as rank paths in BFS order.
 
-    acc[d][r] is the measured probability that head d's rank-r guess is the
-    right token (given the path so far was right). A node's chance of being
-    accepted is the product along its path, and the expected accepted
-    length is the sum over nodes. Because every factor is <= 1, a child is
-    never likelier than its parent, so adding nodes greedily by path
-    probability (a best-first search) is optimal for this objective.
+    acc[d][r] is the measured probability that head d's rank-r guess is the right token (given the path
+    so far was right). A node's chance of being accepted is the product along its path, and the expected
+    accepted length is the sum over nodes: every factor is <= 1, so best-first is optimal.
     """
     if budget < 1:
         raise ValueError(f"budget must be >= 1, got {budget}")
-    heap = [(-acc[0][r], (r,)) for r in range(len(acc[0]))]
-    heapq.heapify(heap)
-    chosen: list[Path] = []
-    while heap and len(chosen) < budget:
-        neg, path = heapq.heappop(heap)
-        chosen.append(path)
-        d = len(path)
-        if d < len(acc):
-            for r in range(len(acc[d])):
-                heapq.heappush(heap, (neg * acc[d][r], path + (r,)))
-    return tuple(sorted(chosen, key=lambda p: (len(p), p)))
+    return tuple(sorted((path for _, path, _ in best_first(acc, [], budget)), key=lambda p: (len(p), p)))
+
+
+def best_first(acc: list[list[float]], lookup: list[float], budget: int, min_value: float = 0.0
+               ) -> Iterator[tuple[str, tuple, float]]:
+    """Up to `budget` nodes in best-first order (lazily: a caller may stop early): ("heads", rank path, value) or
+    ("lookup", (j,), value), none worth less than `min_value`.
+
+    acc[d][r]: the chance that head d's rank-r guess is right given its path was; lookup[j]: the same for
+    chain position j. A node's value is the product of the estimates along its path, so a child is never
+    likelier than its parent and every prefix of the order is the best tree of its size. Each head's candidates are
+    visited in order of their estimate (the first child and the next sibling are pushed when a node
+    is taken), so the heap holds O(budget) entries.
+    """
+    order = [sorted(range(len(row)), key=lambda r: -row[r]) for row in acc]  # ranks by estimate, per depth
+    heap: list[tuple[float, int, str, tuple, int, float]] = []  # (-value, tiebreak, kind, path, sibling, parent value)
+    tie = 0
+
+    def push(kind: str, path: tuple, parent_value: float, factor: float, sib: int) -> None:
+        nonlocal tie
+        if parent_value * factor >= min_value and parent_value * factor > 0:
+            heapq.heappush(heap, (-parent_value * factor, tie, kind, path, sib, parent_value))
+            tie += 1
+
+    if acc:
+        push("heads", (order[0][0],), 1.0, acc[0][order[0][0]], 0)
+    if lookup:
+        push("lookup", (0,), 1.0, lookup[0], 0)
+    taken = 0
+    while heap and taken < budget:
+        neg, _, kind, path, sib, parent_value = heapq.heappop(heap)
+        value = -neg
+        taken += 1
+        yield kind, path, value
+        if kind == "lookup":
+            j = path[0] + 1
+            if j < len(lookup):
+                push("lookup", (j,), value, lookup[j], 0)
+            continue
+        d = len(path) - 1
+        if sib + 1 < len(order[d]):  # the next sibling: same parent, next-best rank
+            r = order[d][sib + 1]
+            push("heads", path[:-1] + (r,), parent_value, acc[d][r], sib + 1)
+        if d + 1 < len(acc):  # the first child: the next head's best rank
+            r = order[d + 1][0]
+            push("heads", path + (r,), value, acc[d + 1][r], 0)
 
 
 def expected_length(paths: tuple[Path, ...], acc: list[list[float]]) -> float:

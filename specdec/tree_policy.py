@@ -32,7 +32,6 @@ draws: greedy output and the sampled law are exactly those of plain decoding, fo
 from __future__ import annotations
 
 import bisect
-import heapq
 import threading
 from dataclasses import dataclass
 from typing import Iterator
@@ -40,6 +39,7 @@ from typing import Iterator
 import torch
 
 from .cost import CostModel
+from .draft_tree import best_first
 from .sampler import SamplingParams
 
 TOPK = 10  # candidates per head considered each round
@@ -374,7 +374,8 @@ class DynamicTree:
             return 0
         if chain and self.heads_rate is not None:
             n, rate, picks = self._best_prefix(
-                _best_first([], self._lookup_estimates(chain, room, self.mode(greedy), match), self.max_nodes - 1),
+                best_first([], self._lookup_estimates(chain, room, self.mode(greedy), match), self.max_nodes - 1,
+                           MIN_VALUE),
                 greedy)
             # What `choose` computes this round if the heads do not run: kept, not computed twice
             self._chain_alone = ((chain, room, greedy, match), (n, rate, picks))
@@ -410,7 +411,8 @@ class DynamicTree:
         else:
             acc = self._head_estimates(q, room, mode)
             best, _, picks = self._best_prefix(
-                _best_first(acc, self._lookup_estimates(chain, room, mode, match), self.max_nodes - 1), greedy)
+                best_first(acc, self._lookup_estimates(chain, room, mode, match), self.max_nodes - 1, MIN_VALUE),
+                greedy)
         if heads_ran and picks:
             # Once the heads ran, draft at least their best node: a round without one teaches the
             # calibration nothing, and a cold estimate could then never warm up.
@@ -526,44 +528,3 @@ class DynamicTree:
 
 def _row(depth: int, rank: int) -> int:
     return depth * RANKS + min(rank, RANKS - 1)
-
-
-def _best_first(acc: list[list[float]], lookup: list[float], budget: int) -> Iterator[tuple[str, tuple, float]]:
-    """Up to `budget` nodes in best-first order (lazily: a caller may stop early): ("heads", rank path, value) or ("lookup", (j,), value).
-
-    A node's value is the product of the estimates along its path. Each head's candidates are
-    visited in order of their estimate (the first child and the next sibling are pushed when a node
-    is taken), so the heap holds O(budget) entries.
-    """
-    order = [sorted(range(len(row)), key=lambda r: -row[r]) for row in acc]  # ranks by estimate, per depth
-    heap: list[tuple[float, int, str, tuple, int, float]] = []  # (-value, tiebreak, kind, path, sibling, parent value)
-    tie = 0
-
-    def push(kind: str, path: tuple, parent_value: float, factor: float, sib: int) -> None:
-        nonlocal tie
-        if parent_value * factor >= MIN_VALUE:
-            heapq.heappush(heap, (-parent_value * factor, tie, kind, path, sib, parent_value))
-            tie += 1
-
-    if acc:
-        push("heads", (order[0][0],), 1.0, acc[0][order[0][0]], 0)
-    if lookup:
-        push("lookup", (0,), 1.0, lookup[0], 0)
-    taken = 0
-    while heap and taken < budget:
-        neg, _, kind, path, sib, parent_value = heapq.heappop(heap)
-        value = -neg
-        taken += 1
-        yield kind, path, value
-        if kind == "lookup":
-            j = path[0] + 1
-            if j < len(lookup):
-                push("lookup", (j,), value, lookup[j], 0)
-            continue
-        d = len(path) - 1
-        if sib + 1 < len(order[d]):  # the next sibling: same parent, next-best rank
-            r = order[d][sib + 1]
-            push("heads", path[:-1] + (r,), parent_value, acc[d][r], sib + 1)
-        if d + 1 < len(acc):  # the first child: the next head's best rank
-            r = order[d + 1][0]
-            push("heads", path + (r,), value, acc[d + 1][r], 0)

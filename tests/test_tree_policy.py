@@ -17,10 +17,10 @@ import specdec.engine as engine_mod
 import specdec.verifier as verifier_mod
 from conftest import ARCHS, PROMPTS, hf_greedy, make_model, oracle_loaded
 from specdec.cost import CostModel
-from specdec.draft_tree import best_tree, build_tree, expected_length
+from specdec.draft_tree import best_first, best_tree, build_tree, expected_length
 from specdec.heads import HeadsConfig, MedusaHeads
 from specdec.sampler import SamplingParams, target_probs
-from specdec.tree_policy import (FIRST_REST, MAX_BACKOFF, TRIAL, Calibrator, DynamicTree, PolicyMemory, _best_first, _row,
+from specdec.tree_policy import (FIRST_REST, MAX_BACKOFF, TRIAL, Calibrator, DynamicTree, PolicyMemory, _row,
                                   head_scores, law_key)
 from test_lossless import CONTEXT, FAIL_P, PARAMS, PASS_P, ROOT, V, chi2_pvalue, exact_joint, exact_law
 
@@ -95,7 +95,7 @@ def valid_prefix(picks) -> None:
 def test_best_first_order_gives_the_best_tree_of_every_size(seed):
     g = torch.Generator().manual_seed(seed)
     acc = torch.rand(4, 6, generator=g).sort(descending=True).values.tolist()
-    picks = list(_best_first(acc, [], 40))
+    picks = list(best_first(acc, [], 40))
     valid_prefix(picks)
     values = [v for _, _, v in picks]
     assert values == sorted(values, reverse=True)
@@ -106,7 +106,7 @@ def test_best_first_order_gives_the_best_tree_of_every_size(seed):
 
 def test_lookup_chain_competes_in_the_same_order():
     acc = [[0.5, 0.2], [0.5, 0.2]]
-    picks = list(_best_first(acc, [0.9, 0.9, 0.9], 10))
+    picks = list(best_first(acc, [0.9, 0.9, 0.9], 10))
     valid_prefix(picks)
     kinds = [k for k, _, _ in picks]
     assert kinds[:3] == ["lookup"] * 3  # 0.9, 0.81, 0.73 beat every head node (0.5 at best)
