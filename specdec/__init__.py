@@ -1,5 +1,5 @@
 """specdec: lossless tree speculative decoding with Medusa heads for HF causal LMs."""
-from .api import GenerationResult, Loaded, generate, generate_batch, load
+from .api import Loaded, load
 from .draft_tree import PRESETS, Tree, build_tree
 from .engine import Engine
 from .events import EmittedToken, RoundEvent, TreeNode
@@ -7,6 +7,7 @@ from .heads import HeadsConfig, MedusaHeads
 from .request import GenerationRequest
 from .sampler import SamplingParams
 from .failure import RequestFailed
+from .generation import GenerationResult, generate, generate_batch
 from .scheduler import Scheduler
 from .streaming import Delta, Stream, stream
 

@@ -1,30 +1,21 @@
-"""Public API: `load` a model with its heads, `generate` with it."""
+"""`load` a model with its drafters (the embedded one by default, or any hub id or folder), and `encode` prompts for it."""
 from __future__ import annotations
 
 import os
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from . import cost, eagle_io, hub
 from .eagle import Eagle3
 from .engine import Engine
-from .events import RoundEvent
 from .heads import MedusaHeads, random_heads
 from .heads_io import read_heads
-from .lookup import DEFAULT_LOOKUP
-from .request import GenerationRequest
-from .sampler import SamplingParams
-from .failure import RequestFailed
 from .scheduler import DEFAULT_MAX_BATCH_SIZE, Scheduler
-from .stats import summarize
 from .target import TargetModel
 from .threads import off_the_callers_thread
-
 
 
 def _assets_dir() -> Path:
@@ -282,19 +273,6 @@ def heads_folder(heads: str) -> str:
         raise hub.not_found(heads, "heads", e) from e
 
 
-@dataclass(frozen=True)
-class GenerationResult:
-    token_ids: list[int]  # new tokens only
-    text: str
-    rounds: list[RoundEvent]
-    stats: dict
-    error: str | None = None  # generate_batch: why this request ended early (its partial output is above)
-
-    def to_dict(self) -> dict:
-        return {"token_ids": self.token_ids, "text": self.text, "stats": self.stats,
-                "rounds": [r.to_dict() for r in self.rounds]}
-
-
 def encode(loaded: Loaded, prompt: str | None, prompt_ids=None, chat: bool = False) -> list[int]:
     """Token ids for a prompt: raw text, or (chat=True) one user turn through the chat template."""
     if not isinstance(chat, bool):
@@ -316,100 +294,3 @@ def encode(loaded: Loaded, prompt: str | None, prompt_ids=None, chat: bool = Fal
                                                    add_generation_prompt=True, tokenize=True, return_dict=True)
         return list(out["input_ids"])
     return loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-
-
-def result_stats(rounds: list[RoundEvent], seconds: float) -> dict:
-    """The documented `GenerationResult.stats` (see specdec.stats for the definitions); tokens/s on the wall clock."""
-    s = summarize(rounds, wall_seconds=seconds)
-    mal = s["mean_accepted_length"]
-    return {"new_tokens": s["new_tokens"], "target_forwards": s["target_forwards"],
-            # a run that ended in its prefill made its tokens with that one forward
-            "mean_accepted_length": float(s["new_tokens"]) if mal is None else mal,
-            "tokens_per_second": s["wall_tokens_per_second"] or 0.0, "seconds": seconds, "finished": s["finished"]}
-
-
-def generate(loaded: Loaded, prompt: str | None = None, prompt_ids=None, max_new_tokens: int = 64,
-             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-             seed: int | None = None, tree="auto", speculative: bool = True, acceptance: str = "auto",
-             on_round: Callable[[RoundEvent], None] | None = None, eos_token_id="auto",
-             lookup: int = DEFAULT_LOOKUP, lookup_ngram: int = 3, lookup_mode: str = "first",
-             chat: bool = False, drafter: str = "auto") -> GenerationResult:
-    """Generate from a prompt (text or ids) and return tokens, text, events and stats.
-
-    `lookup` prompt-lookup tokens are drafted per round (0 = heads only). With
-    lookup_mode="first" a round whose context has an n-gram match drafts the
-    lookup chain alone and the heads draft the rest; "merge" merges both.
-    `chat=True` sends the prompt as one user turn through the tokenizer's chat template.
-    `drafter`: "auto" (the model's default), "medusa" or "eagle3", where the model has that drafter.
-    The request runs on `loaded.scheduler`, batched with whatever else runs there; an error inside
-    its round (its `on_round` callback raising, say) is a `RequestFailed` carrying its events so far.
-    """
-    request = _request(loaded, prompt, prompt_ids, max_new_tokens, temperature, top_k, top_p, min_p, seed, tree,
-                       speculative, acceptance, eos_token_id, lookup, lookup_ngram, lookup_mode, chat, drafter)
-    t0 = time.perf_counter()
-    ticket = loaded.scheduler.submit(request, on_round=on_round)
-    ticket.done.wait()
-    if ticket.failure is not None:
-        raise RequestFailed(ticket.failure, ticket.events)
-    return _result(loaded, ticket.events, time.perf_counter() - t0)
-
-
-def generate_batch(loaded: Loaded, prompts: list[str] | None = None, prompt_ids: list | None = None,
-                   max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                   min_p: float = 0.0, seed: int | None = None, tree="auto", speculative: bool = True,
-                   acceptance: str = "auto", eos_token_id="auto", lookup: int = DEFAULT_LOOKUP,
-                   lookup_ngram: int = 3, lookup_mode: str = "first", chat: bool = False,
-                   drafter: str = "auto") -> list[GenerationResult]:
-    """Generate from several prompts (texts, or lists of ids) at once, decoded together on `loaded.scheduler`.
-
-    Every prompt gets the same settings (a seed seeds each request's own generator). Results come
-    in the prompts' order; a request that failed keeps its partial output, with `error` set.
-    """
-    if (prompts is None) == (prompt_ids is None):
-        raise ValueError("pass `prompts` (texts) or `prompt_ids` (lists of token ids), not both")
-    items = prompts if prompts is not None else prompt_ids
-    if isinstance(items, str) or not isinstance(items, (list, tuple)) or not items:
-        raise ValueError("`prompts` / `prompt_ids` must be a non-empty list")
-    field = "prompts" if prompts is not None else "prompt_ids"
-    # The shared settings first, so that their errors name the setting, not a prompt.
-    _request(loaded, None, [0], max_new_tokens, temperature, top_k, top_p, min_p, seed, tree, speculative,
-             acceptance, eos_token_id, lookup, lookup_ngram, lookup_mode, False, drafter)
-    requests = []
-    for i, p in enumerate(items):
-        try:
-            requests.append(_request(loaded, p if prompts is not None else None, p if prompts is None else None,
-                                     max_new_tokens, temperature, top_k, top_p, min_p, seed, tree, speculative,
-                                     acceptance, eos_token_id, lookup, lookup_ngram, lookup_mode, chat, drafter))
-        except ValueError as e:
-            raise ValueError(f"`{field}[{i}]`: {e}") from None
-    t0 = time.perf_counter()
-    tickets = []
-    for i, r in enumerate(requests):
-        try:
-            tickets.append(loaded.scheduler.submit(r))  # checked against the model here (vocabulary, context)
-        except ValueError as e:
-            for t in tickets:
-                t.cancel()
-            raise ValueError(f"`{field}[{i}]`: {e}") from None
-    out = []
-    for t in tickets:
-        t.done.wait()
-        res = _result(loaded, t.events, time.perf_counter() - t0)
-        out.append(res if t.failure is None else GenerationResult(res.token_ids, res.text, res.rounds, res.stats,
-                                                                    str(t.failure)))
-    return out
-
-
-def _request(loaded: Loaded, prompt, prompt_ids, max_new_tokens, temperature, top_k, top_p, min_p, seed, tree,
-             speculative, acceptance, eos_token_id, lookup, lookup_ngram, lookup_mode, chat,
-             drafter="auto") -> GenerationRequest:
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-    ids = encode(loaded, prompt, prompt_ids, chat)
-    return GenerationRequest(ids, max_new_tokens, params, tree, speculative, acceptance, eos_token_id, lookup,
-                             lookup_ngram, lookup_mode, drafter=drafter)
-
-
-def _result(loaded: Loaded, rounds: list[RoundEvent], seconds: float) -> GenerationResult:
-    token_ids = [t.token_id for r in rounds for t in r.emitted]
-    text = loaded.tokenizer.decode(token_ids, skip_special_tokens=True) if loaded.tokenizer is not None else ""
-    return GenerationResult(token_ids, text, list(rounds), result_stats(rounds, seconds))

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from .api import _request, result_stats
+from .generation import build_request, result_stats
 from .detok import IncrementalDecoder
 from .events import RoundEvent
 from .lookup import DEFAULT_LOOKUP
@@ -98,7 +98,7 @@ class Stream:
 
     @property
     def stats(self) -> dict:
-        """`specdec.api.result_stats` of the rounds so far: mean accepted length, target forwards, tokens/s."""
+        """`generation.result_stats` of the rounds so far: mean accepted length, target forwards, tokens/s."""
         return result_stats(self.events, self._seconds or time.perf_counter() - self._t0)
 
     def __iter__(self) -> Iterator[Delta]:
@@ -193,7 +193,7 @@ def stream(loaded, prompt: str | None = None, prompt_ids=None, *, max_new_tokens
         raise ValueError(f"`events` must be True or False, got {events!r}")
     if stops and loaded.tokenizer is None:
         raise ValueError("`stop` matches text, but this model was loaded without a tokenizer")
-    request = _request(loaded, prompt, prompt_ids, max_new_tokens, temperature, top_k, top_p, min_p, seed, tree,
+    request = build_request(loaded, prompt, prompt_ids, max_new_tokens, temperature, top_k, top_p, min_p, seed, tree,
                        speculative, acceptance, eos_token_id, lookup, lookup_ngram, lookup_mode, chat)
     ticket = loaded.scheduler.submit(request)
     return Stream(ticket, loaded.tokenizer, len(request.prompt_ids), stops, events)

@@ -189,13 +189,13 @@ def measure_tau(model, tokenizer, heads_dir: str | Path, prompts: list[list[int]
     Pooled over `prompts` (held-out): decoding-round tokens over decoding rounds.
     Also checks every output against plain greedy decoding.
     """
-    from .. import api
+    from .. import api, generation
 
     loaded = api.load(model, str(heads_dir), device=device, tokenizer=tokenizer)
     tokens = rounds = same = 0
     for ids in prompts:
-        res = api.generate(loaded, prompt_ids=list(ids), max_new_tokens=new_tokens, lookup=0)
-        plain = api.generate(loaded, prompt_ids=list(ids), max_new_tokens=new_tokens, speculative=False)
+        res = generation.generate(loaded, prompt_ids=list(ids), max_new_tokens=new_tokens, lookup=0)
+        plain = generation.generate(loaded, prompt_ids=list(ids), max_new_tokens=new_tokens, speculative=False)
         decode = [r for r in res.rounds if r.index > 0]
         tokens += sum(len(r.emitted) for r in decode)
         rounds += len(decode)
