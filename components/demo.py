@@ -169,9 +169,13 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
         # Live settings + sampler view: a forward between two rounds of a running generation, cached per session.
         live = [c.temperature.change, c.top_k.change, c.top_p.change, c.min_p.change, c.acceptance.change,
                 prompt.change, chat.change]
+        live_sliders = [c.temperature, c.top_k, c.top_p, c.min_p]
         gr.on(live, h.sampler_view, sliders, sampler_plot, api_name="set_sampling",
               api_description=API["set_sampling"], trigger_mode="always_last", show_progress="hidden",
-              **view_queue)
+              **view_queue).failure(  # a refused value (a toast): each box shows the value in use again
+            h.live_values, [session], live_sliders, api_visibility="private", show_progress="hidden", queue=False)
+        c.max_new.change(h.check_max_new, c.max_new, c.max_new, api_visibility="private", show_progress="hidden",
+                         **view_queue)
         c.acceptance.change(h.temperature_control, c.acceptance, c.temperature, queue=False, api_visibility="private")
         hidden = dict(api_visibility="private", show_progress="hidden", **view_queue)  # the UI's own view events
         demo.load(h.sampler_view, sliders, sampler_plot, **hidden)

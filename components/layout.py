@@ -36,7 +36,7 @@ def token_panel() -> tuple[gr.HTML, gr.HTML]:
 
 def compare_box() -> SimpleNamespace:
     """The race: its Markdown (table, ratio, why) and two lanes, hidden until Compare is pressed."""
-    with gr.Group(elem_id="compare-box"):
+    with gr.Column(elem_id="compare-box"):  # a Column: Gradio gives a Group's id to two nested elements
         md = gr.Markdown(COMPARE_HINT, label="comparison", elem_id="compare-md")
         with gr.Row(visible=False, elem_id="race") as row:
             with gr.Column(min_width=160):
@@ -76,8 +76,10 @@ def round_controls() -> SimpleNamespace:
 
 
 def settings_panel(d: Settings, tree_choices: list[tuple[str, str]]) -> SimpleNamespace:
-    """The settings accordion: sampler sliders (live), then how to draft and verify (per run)."""
-    with gr.Accordion("Settings", open=True, elem_id="settings"):
+    """The sampler sliders (live: a running generation reads them each round), then the settings accordion:
+    how long, which seed, how to draft and verify (per run). On a phone the sliders float at the foot of the
+    screen (app.css), so they stay within reach of the output while a run streams."""
+    with gr.Accordion("Sampler sliders (live)", open=True, elem_id="live-panel"):
         with gr.Group():
             temperature = gr.Slider(0, TEMPERATURE_MAX, d.temperature, step=0.05, label="temperature",
                                     info="0 = greedy; live: applies from the next round", elem_id="temperature")
@@ -85,6 +87,8 @@ def settings_panel(d: Settings, tree_choices: list[tuple[str, str]]) -> SimpleNa
                               elem_id="top-k")
             top_p = gr.Slider(0.01, 1.0, d.top_p, step=0.01, label="top-p", info="1 = off", elem_id="top-p")
             min_p = gr.Slider(0.0, 1.0, d.min_p, step=0.01, label="min-p", info="0 = off", elem_id="min-p")
+    with gr.Accordion("Settings", open=True, elem_id="settings"):
+        with gr.Group():
             max_new = gr.Slider(1, MAX_NEW_TOKENS_MAX, d.max_new_tokens, step=1, precision=0, label="max new tokens",
                                 elem_id="max-new")
             seed = gr.Number(d.seed, precision=0, minimum=-1, maximum=SEED_MAX, label="seed (-1 = random)",

@@ -17,7 +17,7 @@ from specdec.verifier import ACCEPTANCE_RULES
 
 from . import plots
 from .gate import ModelGate
-from .session import Run, Session, Settings
+from .session import MAX_NEW_TOKENS_MAX, Run, Session, Settings
 from .updates import user_error
 
 
@@ -35,6 +35,25 @@ class SamplerView:
         return gr.Slider(interactive=acceptance != "greedy",
                          info="ignored: the greedy rule always takes the argmax" if acceptance == "greedy"
                          else "0 = greedy; live: applies from the next round")
+
+    @staticmethod
+    def live_values(session: Session) -> tuple:
+        """The four sliders as the session uses them: after a refused value, each box shows the one in use."""
+        live = session.live
+        return live.temperature, live.top_k, live.top_p, live.min_p
+
+    @staticmethod
+    def check_max_new(value):
+        """A typed max new tokens outside [1, MAX_NEW_TOKENS_MAX]: a toast, and the box set to the nearest allowed
+        value, the one the next run uses."""
+        try:
+            Settings.validate(0.0, 0, 1.0, 0.0, value)
+        except ValueError as e:
+            number = value if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value else 1
+            used = int(min(max(round(number), 1), MAX_NEW_TOKENS_MAX))
+            gr.Warning(f"{e}; max new tokens is set to {used}", title="Invalid input")
+            return used
+        return gr.skip()
 
     def sampler_view(self, prompt, temperature, top_k, top_p, min_p, acceptance, chat, session: Session):
         """Update the live settings and redraw the sampler view. A running generation picks up the

@@ -27,10 +27,13 @@ def stats_markdown(s: dict, stopped: bool = False, drafter: str = "heads") -> st
         return ""
     rule = ", ".join(rule_label(r) for r in s["rules"])
     status = status_words(s["finished"], stopped)
+    n = s["new_tokens"]
+    head = ([f"**{n}** tokens in **{s['rounds']}** decoding rounds",
+             f"mean accepted length **{_fmt(s['mean_accepted_length'])}** tokens/target forward "
+             f"(over {s['rounds']} rounds, prefill excluded)"] if s["rounds"] else
+            [f"**{n}** token{'s' * (n != 1)} from the prefill alone (no decoding round, so nothing drafted)"])
     parts = [
-        f"**{s['new_tokens']}** tokens in **{s['rounds']}** decoding rounds",
-        f"mean accepted length **{_fmt(s['mean_accepted_length'])}** tokens/target forward "
-        f"(over {s['rounds']} rounds, prefill excluded)",
+        *head,
         f"**{_fmt(s['tokens_per_second'], 1)}** tok/s (engine time)",
         *([f"accepted drafts: {s['accepted_drafts'] - s['lookup_drafts']} by {drafter}, "
            f"**{s['lookup_drafts']}** by prompt lookup (which drafted in {s['lookup_rounds']} of the rounds)"]

@@ -20,14 +20,17 @@ orange corrections and blue bonus tokens came from the target. Click a token to 
 drafter is loaded) with prompt lookup merged into it, temperature 0.7, shown at 2 rounds/s: most rounds draw a
 tree with branches, and the model drafter, not only prompt lookup, makes most of the accepted drafts. The fastest
 settings (the heads' "auto" tree, pace "fast") are for speed; Compare measures it.</p></details>"""
-# On a phone the settings start folded, below the output (the how-to panel starts folded everywhere).
-HOW_TO_READ_JS = """if (window.innerWidth < 700) {  // a phone: the settings start folded, below the output
-  let tries = 0;
-  const fold = setInterval(() => {
-    const open = document.querySelector('#settings > button.label-wrap.open');
-    if (open) open.click();
-    if (open || ++tries > 50) clearInterval(fold);
-  }, 100);
+# On a phone the settings start folded, below the output, and so do the live sliders, a bar at the foot of
+# the screen that a tap opens (the how-to panel starts folded everywhere).
+HOW_TO_READ_JS = """if (window.innerWidth < 700) {  // a phone
+  for (const id of ['settings', 'live-panel']) {
+    let tries = 0;
+    const fold = setInterval(() => {
+      const open = document.querySelector(`#${id} > button.label-wrap.open`);
+      if (open) open.click();
+      if (open || ++tries > 50) clearInterval(fold);
+    }, 100);
+  }
 }"""
 # A click (or tap) on a token: show its details below the stream, its round, and (by its position) its law.
 TOKENS_JS = """element.addEventListener('click', (e) => {

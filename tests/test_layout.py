@@ -19,7 +19,7 @@ def test_blocks_build_inside_a_page():
         rounds = layout.round_controls()
         c = layout.settings_panel(Settings(tree="small"), [("small (16 nodes, preset)", "small")])
         charts = layout.charts_row()
-    assert {"title", "how-to-read-box", "tokens", "legend", "compare-md", "race", "round-slider", "settings",
+    assert {"title", "how-to-read-box", "tokens", "legend", "compare-md", "race", "round-slider", "settings", "live-panel",
             "temperature", "tree", "acceptance", "len-plot", "depth-plot", "tps-plot"} <= ids(demo)
     assert race.row.visible is False and rounds.slider.maximum == 1 and len(charts) == 3
     assert c.tree.value == "small" and c.acceptance.choices == [(label, v) for label, v in ACCEPTANCE_CHOICES]

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import gradio as gr
+import pytest
 import torch
 
 from components.handlers import Handlers
@@ -69,7 +71,6 @@ def test_sampler_forwards_interleave_with_rounds_but_never_overlap(handlers, mon
 def test_a_tokens_law_is_computed_on_demand_at_its_position(handlers, monkeypatch):
     """A click on a token: the sampler view shows the law that token was drawn from (its round's settings),
     from one forward on the context before it; the final view of a run is computed the same way, and cached."""
-    import gradio as gr
     from conftest import figure
 
     h = Handlers(handlers.loaded, figure_interval=60.0, chart_interval=60.0, text_interval=60.0)
@@ -95,3 +96,18 @@ def test_a_tokens_law_is_computed_on_demand_at_its_position(handlers, monkeypatc
         if tok in [r["token_id"] for r in session.sampler_cache[1]]:
             assert any(t.startswith("★") for t in fig.layout.yaxis.ticktext)
     assert h.token_law(session, 999) == gr.skip()  # a position past the run: the view stays
+
+
+def test_out_of_range_typed_values_leave_each_box_showing_the_value_in_use(handlers):
+    """max new tokens 0 (or 9999) is set to the nearest allowed value, with a toast; a refused live slider value
+    leaves the session's values, which the page writes back into the boxes."""
+    with pytest.warns(UserWarning, match="max_new_tokens"):
+        assert Handlers.check_max_new(0) == 1
+    with pytest.warns(UserWarning):
+        assert Handlers.check_max_new(9999) == 512
+    assert Handlers.check_max_new(24) == gr.skip()
+    session = Session()
+    handlers.sampler_view("def f(x):", 0.9, 7, 1.0, 0.0, "lossless", False, session)
+    with pytest.raises(gr.Error, match="temperature"):
+        handlers.sampler_view("def f(x):", 99, 7, 1.0, 0.0, "lossless", False, session)
+    assert Handlers.live_values(session) == (0.9, 7, 1.0, 0.0)

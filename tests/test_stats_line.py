@@ -49,3 +49,9 @@ def test_status_words_are_plain():
         line = stats_markdown({**s, "finished": finished})
         assert words in line and "status:" not in line
     assert "stopped by you" in stats_markdown({**s, "finished": None}, stopped=True)
+
+
+def test_a_run_of_the_prefill_alone_says_so():
+    s = summarize([prefill_event()])
+    line = stats_markdown(s)
+    assert line.startswith("**1** token from the prefill alone") and "n/a" not in line and "0 decoding" not in line
