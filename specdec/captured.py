@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from . import kv_cache
+from . import kv_cache, masks
 
 Row = tuple[torch.Tensor, int, "torch.Tensor | None", "torch.Tensor | None"]  # ids [T], past, tree mask [T, T], depth [T]
 
@@ -114,16 +114,11 @@ class Forward:
         # The copy from `stage` is asynchronous: the next round must not rewrite `stage` before it is done.
         self.copied = torch.cuda.Event() if dev.type == "cuda" else None
         self.rows, self.tokens = B, Tb
-        key_slot = torch.arange(C, device=dev)  # [C]
-        neg = torch.finfo(target.dtype).min
-        zero = torch.zeros((), dtype=target.dtype, device=dev)
         solo = isinstance(cache, kv_cache.SlotCache)
 
         def forward() -> torch.Tensor:
             ids, pos, slots = self.io[:, 0], self.io[:, 1], self.io[:, 2]  # [B, Tb] each
-            seen = (key_slot < slots[:, :1, None]).expand(B, Tb, C).contiguous()  # [B, Tb, C] committed slots
-            seen.scatter_(2, slots[:, None, :].expand(B, Tb, Tb), self.io[:, 3:].bool())  # plus ancestors
-            mask = torch.where(seen, zero, neg)[:, None]  # [B, 1, Tb, C]
+            mask = masks.additive(masks.visible(slots[:, 0], self.io[:, 3:].bool(), C), target.dtype)  # [B, 1, Tb, C]
             cache.write_index = slots[0] if solo else slots  # [Tb] for a SlotCache, [B, Tb] for a BatchCache
             try:
                 out = target.base(input_ids=ids, position_ids=pos, attention_mask=mask, **{target.cache_arg: cache},

@@ -13,7 +13,7 @@ import logging
 import torch
 from torch import nn
 
-from . import kv_cache
+from . import kv_cache, masks
 from .attention import attention_layout
 from .sampler import finite_logits
 
@@ -320,19 +320,7 @@ class TargetModel:
             see[i, :n, :n] = tree[0]
             depth[i, :n] = tree[1]
         pos = past[:, None] + depth  # [b, T]
-        slot = past[:, None] + torch.arange(T)  # [b, T] where each row writes its nodes
-        visible = (torch.arange(width)[None, :] < past[:, None])[:, None, :].repeat(1, T, 1)  # [b, T, width]
-        visible.scatter_(2, slot[:, None, :].expand(b, T, T), see)
-        neg = torch.finfo(self.dtype).min
-        mask = torch.zeros(b, 1, T, width, dtype=self.dtype).masked_fill_(~visible[:, None], neg)  # [b, 1, T, width]
-        if self.window_mode in ("uniform", "mapping") and int(pos.max()) >= self.window:
-            key_pos = torch.arange(width).repeat(b, 1).scatter_(1, slot, pos)  # [b, width] position held by each slot
-            windowed = mask.masked_fill((key_pos[:, None, :] <= pos[:, :, None] - self.window)[:, None], neg)
-            windowed = windowed.to(self.device)
-            mask = windowed if self.window_mode == "uniform" else {"full_attention": mask.to(self.device),
-                                                                    "sliding_attention": windowed}
-        else:
-            mask = mask.to(self.device)
+        mask = self._on_device(masks.build(past, see, depth, width, self.dtype, self.window, self.window_mode))
         out = self.base(input_ids=ids.to(self.device), position_ids=pos.to(self.device), **{self.cache_arg: cache},
                         use_cache=True, attention_mask=mask, output_hidden_states=taps)
         return self._hidden(out, taps)  # [b, T, H]
@@ -370,24 +358,15 @@ class TargetModel:
         return depth.to(self.device) + past, {"attention_mask": self._mask(tree_mask, depth, past, width)}
 
     def _mask(self, tree_mask: torch.Tensor, depth: torch.Tensor, past: int, width: int):
-        """The additive 4D mask of T new tokens over `width` key slots (a dict per layer type when mixed).
+        """`masks.build` for one request's T new tokens (ancestor mask [T, T], depth [T]) over `width` key slots."""
+        return self._on_device(masks.build(torch.tensor([past]), tree_mask.cpu().bool()[None], depth.cpu()[None],
+                                           width, self.dtype, self.window, self.window_mode))
 
-        Slots [0, past) hold committed tokens, visible to all; slots [past, past + T) the new tokens,
-        each seeing its ancestors; later slots (a SlotCache's unused or stale ones) are hidden.
-        """
-        T = tree_mask.shape[0]
-        neg = torch.finfo(self.dtype).min
-        mask = torch.full((1, 1, T, width), neg, dtype=self.dtype, device=self.device)  # [1, 1, T, width]
-        mask[0, 0, :, :past] = 0
-        mask[0, 0, :, past : past + T].masked_fill_(tree_mask.to(self.device), 0)
-        if self.window_mode not in ("uniform", "mapping") or past + int(depth.max()) < self.window:
-            return mask  # depth is host data: no device sync
-        # HF's sliding rule: query position q sees key position k iff k > q - window.
-        pos = depth.to(self.device) + past  # [T]
-        key_pos = torch.arange(width, device=self.device)  # slot s < past holds position s
-        key_pos[past : past + T] = pos
-        windowed = mask.masked_fill((key_pos[None, :] <= pos[:, None] - self.window)[None, None], neg)
-        return windowed if self.window_mode == "uniform" else {"full_attention": mask, "sliding_attention": windowed}
+    def _on_device(self, mask):
+        """A mask built from host data (no device sync), moved to the model's device (each layer type's)."""
+        if isinstance(mask, dict):
+            return {k: v.to(self.device) for k, v in mask.items()}
+        return mask.to(self.device)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor, pack_one: bool = False) -> torch.Tensor:
