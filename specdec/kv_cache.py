@@ -52,20 +52,27 @@ def _allocate(layer: CacheLayerMixin, rows: int, capacity: int, key_states: torc
     layer.is_initialized = True
 
 
-class _SlotLayer(CacheLayerMixin):
+class _BufferLayer(CacheLayerMixin):
+    """One layer of a preallocated buffer owned by its cache (held weakly: a dropped cache is freed at once)."""
+
+    def __init__(self, owner: "SlotCache | BatchCache", index: int) -> None:
+        super().__init__()
+        self._owner, self.index = weakref.ref(owner), index
+
+    @property
+    def owner(self):
+        return self._owner()
+
+    def get_max_length(self) -> int:
+        return self.owner.capacity
+
+
+class _SlotLayer(_BufferLayer):
     """One layer's keys and values, preallocated [1, kv_heads, capacity, head_dim] and written at slots.
 
     `update` writes the step's T entries at slots [length, length + T) and returns the whole buffer;
     the 4D mask (covering [0, capacity)) hides the slots that hold nothing committed.
     """
-
-    def __init__(self, owner: "SlotCache", index: int) -> None:
-        super().__init__()
-        self._owner, self.index = weakref.ref(owner), index  # no cycle: a dropped cache is freed at once
-
-    @property
-    def owner(self) -> "SlotCache":
-        return self._owner()
 
     @property
     def is_compileable(self) -> bool:
@@ -98,9 +105,6 @@ class _SlotLayer(CacheLayerMixin):
 
     def get_seq_length(self) -> int:
         return self.owner.length
-
-    def get_max_length(self) -> int:
-        return self.owner.capacity
 
 
 class SlotCache(Cache):
@@ -142,7 +146,7 @@ class SlotCache(Cache):
         return other
 
 
-class _RowsLayer(CacheLayerMixin):
+class _RowsLayer(_BufferLayer):
     """One layer's keys and values for a batch of rows, [R, kv_heads, capacity, head_dim].
 
     A forward covers the rows [lo, hi) (a view, no copy) and writes each row's T entries at that
@@ -150,14 +154,6 @@ class _RowsLayer(CacheLayerMixin):
     """
 
     is_compileable = False
-
-    def __init__(self, owner: "BatchCache", index: int) -> None:
-        super().__init__()
-        self._owner, self.index = weakref.ref(owner), index
-
-    @property
-    def owner(self) -> "BatchCache":
-        return self._owner()
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         _allocate(self, self.owner.rows, self.owner.capacity, key_states, value_states)
@@ -180,9 +176,6 @@ class _RowsLayer(CacheLayerMixin):
 
     def get_seq_length(self) -> int:
         return min(self.owner.starts, default=0)
-
-    def get_max_length(self) -> int:
-        return self.owner.capacity
 
 
 class BatchCache(Cache):

@@ -359,6 +359,7 @@ class TargetModel:
 
     def _mask(self, tree_mask: torch.Tensor, depth: torch.Tensor, past: int, width: int):
         """`masks.build` for one request's T new tokens (ancestor mask [T, T], depth [T]) over `width` key slots."""
+        assert past + len(depth) <= width, f"KV buffer overflow: {past + len(depth)} slots > capacity {width}"
         return self._on_device(masks.build(torch.tensor([past]), tree_mask.cpu().bool()[None], depth.cpu()[None],
                                            width, self.dtype, self.window, self.window_mode))
 
