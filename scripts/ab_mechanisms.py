@@ -1,0 +1,116 @@
+"""A/B each optional mechanism on the path users take (`specdec.generate`, the scheduler), in one process.
+
+For each mechanism the two variants run interleaved (on, off, on, off, ...) over the held-out bench prompts,
+greedy and at T=0.7/top-p 0.9, `--pairs` times after a warm-up; each pair gives a ratio of tokens per second
+(on / off). An A/A row (the default against itself) shows the run-to-run spread the others must beat.
+
+    python scripts/ab_mechanisms.py --pairs 5 --json runs/ab_mechanisms.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import specdec
+from bench.config import DEFAULT_PROMPTS
+from specdec import tree_policy
+
+
+def _state(loaded):
+    eng = loaded.engine
+    return eng.policy_memory, eng.target.packed_rows is not None, eng.heads.projection_dtype
+
+
+def _restore(loaded, state):
+    eng = loaded.engine
+    eng.policy_memory = state[0]
+    eng.target.use_packed_rows(state[1])
+    eng.heads.store_projections(state[2])
+    tree_policy.DynamicTree._rest, tree_policy.DynamicTree.__init__ = _REST, _INIT
+
+
+_REST, _INIT = tree_policy.DynamicTree._rest, tree_policy.DynamicTree.__init__
+
+
+def _never_rest(loaded):
+    def no_probe_init(self, *a, **k):
+        _INIT(self, *a, **k)
+        self.probe = False
+
+    tree_policy.DynamicTree._rest = lambda self: None
+    tree_policy.DynamicTree.__init__ = no_probe_init
+
+
+# name -> (the mechanism on, the mechanism off): each changes the loaded defaults, which are put back after
+MECHANISMS = {
+    "A/A (default against itself)": (lambda loaded: None, lambda loaded: None),
+    "PolicyMemory": (lambda loaded: None, lambda loaded: setattr(loaded.engine, "policy_memory", None)),
+    "packed rows": (lambda loaded: loaded.engine.target.use_packed_rows(True),
+                    lambda loaded: loaded.engine.target.use_packed_rows(False)),
+    "heads in bfloat16 (what the autotune may pick) vs the model's float32": (
+        lambda loaded: loaded.engine.heads.store_projections(torch.bfloat16),
+        lambda loaded: loaded.engine.heads.store_projections(torch.float32)),
+    "heads' rest/probe schedule": (lambda loaded: None, _never_rest),
+}
+
+
+def run(loaded, prompts, new_tokens, sampled: bool, seed: int) -> tuple[int, float]:
+    kw = dict(temperature=0.7, top_p=0.9, seed=seed) if sampled else {}
+    tokens, t0 = 0, time.perf_counter()
+    for p in prompts:
+        tokens += len(specdec.generate(loaded, p, max_new_tokens=new_tokens, eos_token_id=None, **kw).token_ids)
+    return tokens, time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--new-tokens", type=int, default=96)
+    ap.add_argument("--only", default="", help="comma-separated mechanism names (default: all)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    loaded = specdec.load(heads="medusa")
+    info = loaded.engine.info()
+    print(f"torch threads {torch.get_num_threads()}, heads dtype {info['heads_dtype']}, "
+          f"packed rows {loaded.engine.target.packed_rows is not None}", flush=True)
+    prompts = DEFAULT_PROMPTS
+    names = [n for n in MECHANISMS if not args.only or n in args.only.split(",")]
+    out = {}
+    for mode in ("greedy", "sampled"):
+        sampled = mode == "sampled"
+        run(loaded, prompts[:2], 32, sampled, 0)  # warm-up
+        for name in names:
+            setups = dict(zip((True, False), MECHANISMS[name]))
+            ratios, on_rates, off_rates = [], [], []
+            for i in range(args.pairs):
+                order = (True, False) if i % 2 == 0 else (False, True)  # alternate which goes first
+                rates = {}
+                for on in order:
+                    state = _state(loaded)
+                    setups[on](loaded)
+                    try:
+                        n, s = run(loaded, prompts, args.new_tokens, sampled, i)
+                    finally:
+                        _restore(loaded, state)
+                    rates[on] = n / s
+                on_rates.append(rates[True])
+                off_rates.append(rates[False])
+                ratios.append(rates[True] / rates[False])
+            row = {"on_tok_s": statistics.median(on_rates), "off_tok_s": statistics.median(off_rates),
+                   "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
+            out[f"{name} · {mode}"] = row
+            print(f"{mode:7s} {name:32s} on {row['on_tok_s']:6.1f} off {row['off_tok_s']:6.1f} tok/s  "
+                  f"on/off median {row['ratio_median']:.3f} [{row['ratio_min']:.3f}, {row['ratio_max']:.3f}]",
+                  flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"pairs": args.pairs, "new_tokens": args.new_tokens, "prompts": len(prompts), "rows": out},
+                      f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
