@@ -364,6 +364,117 @@ def test_a_tabs_second_generate_replaces_its_first(url, browser):
     page.close()
 
 
+# Records every round the narration shows, and whether the run was still streaming (no "done:" or "stopped" in
+# the stats line) when it showed: the page's own clock, so no screenshot timing decides what was seen.
+WATCH_ROUNDS_JS = """() => {
+  window.sdSeen = [];
+  const note = () => {
+    const m = document.querySelector('#round-info')?.textContent.match(/Round (\\d+) ·/);
+    const stats = document.querySelector('#stats')?.textContent || '';
+    if (m) window.sdSeen.push({round: Number(m[1]), streaming: !/done:|stopped by you/.test(stats),
+                               settings: document.querySelectorAll('#tokens .sd-change').length});
+  };
+  new MutationObserver(note).observe(document.querySelector('#round-info'),
+                                     {childList: true, subtree: true, characterData: true});
+}"""
+
+
+def streamed_rounds(page) -> set[int]:
+    return {r["round"] for r in page.evaluate("() => window.sdSeen") if r["streaming"]}
+
+
+ERROR_BADGES = "[...document.querySelectorAll('#main-row .error')].filter(e => e.offsetParent !== null)"
+
+
+def error_badges(page) -> list[str]:
+    """The components of the main view showing Gradio's red error status."""
+    return page.evaluate(f"() => {ERROR_BADGES}.map(e => (e.closest('[id]') || {{}}).id)")
+
+
+@pytest.mark.timeout(240)
+def test_a_run_at_the_defaults_can_be_watched_round_by_round(url, browser):
+    """At the page's defaults (2 rounds/s), rounds are narrated one by one while the run streams; a slider moved
+    meanwhile acts on the next round shown; every node's q and p are in the table without hover; replay starts
+    from round 0; a clicked token shows its law; a new run clears the token's details."""
+    page, watch = open_app(browser, url, viewport={"width": 1440, "height": 900})
+    page.wait_for_function("() => document.querySelector('#pace input').value.includes('2 rounds/s')",
+                           timeout=30_000)
+    page.evaluate(WATCH_ROUNDS_JS)
+    page.click("#generate-btn")
+    page.wait_for_function("() => new Set(window.sdSeen.filter(r => r.streaming).map(r => r.round)).size >= 3",
+                           timeout=60_000)
+    set_number(page, "temperature", 1.2)  # live, while the run streams
+    page.wait_for_function("() => window.sdSeen.some(r => r.streaming && r.settings > 0)", timeout=30_000)
+    page.locator("#tokens").evaluate("e => e.scrollIntoView({block: 'start'})")  # the output, the round, its tree
+    settle(page)
+    shot(page, "app_desktop.png")
+    wait_text(page, "#stats", "done:", 120_000)
+    seen = streamed_rounds(page)
+    assert len(seen) >= 8, sorted(seen)  # at least 8 distinct rounds narrated while the run streamed
+    assert "1.2" in page.locator("#tokens .sd-change").first.get_attribute("title")
+
+    # #round-nodes: every node's q and p as text, no hover needed
+    heads = page.locator("#round-nodes th").all_text_contents()
+    assert "q" in heads and "p" in heads
+    cells = page.locator("#round-nodes tbody tr").nth(1).locator("td")
+    assert cells.count() == len(heads) and cells.nth(heads.index("p")).is_visible()
+    assert any(c.replace(".", "", 1).isdigit() or c.startswith("<") for c in
+               page.locator("#round-nodes tbody td:nth-child(6)").all_text_contents()[1:])
+
+    # ▶ replay starts from the first round, whatever round is shown; "from here" stays
+    set_number_until(page, "round-slider", 5, "#round-info", "Round 5 ·")
+    page.click("#replay-btn")
+    wait_text(page, "#round-info", "Round 0 is the prefill", 30_000)
+    wait_text(page, "#round-info", "Round 1 ·", 30_000)
+    page.click("#stop-btn")
+    assert page.locator("#replay-here-btn").is_visible()
+
+    # a clicked token: its details, its round, and in the sampler view the law it was drawn from
+    page.locator("#tokens .sd-tok").nth(4).click()
+    wait_text(page, "#sampler-plot .gtitle", "where token 5 was drawn", 30_000)
+    wait_text(page, "#token-detail", "round", 10_000)
+    page.click("#generate-btn")  # a new run: the last run's token details go
+    wait_text(page, "#token-detail", "Click or tap a token for its details.", 10_000)
+    page.click("#stop-btn")
+    wait_text(page, "#stats", "stopped by you", 60_000)
+    assert not watch.bad, watch.bad
+    page.close()
+
+
+@pytest.mark.timeout(240)
+def test_stale_errors_and_typed_values_out_of_range(url, browser):
+    page, watch = open_app(browser, url, viewport={"width": 1440, "height": 900})
+    # max new tokens 0: a toast, and the box shows the value the next run uses
+    set_number(page, "max-new", 0)
+    wait_text(page, ".toast-body", "`max_new_tokens` must be in [1, 512], got 0", 30_000)
+    page.wait_for_function("() => document.querySelector('#max-new input[type=number]').value === '1'",
+                           timeout=10_000)
+    # temperature 99: a toast, and the box shows the temperature in use again
+    set_number(page, "temperature", 99)
+    wait_text(page, ".toast-body", "`temperature` must be in [0.0, 2.0], got 99", 30_000)
+    page.wait_for_function("() => document.querySelector('#temperature input[type=number]').value === '0.7'",
+                           timeout=10_000)
+    # an empty prompt: the UI's words
+    page.locator("#prompt textarea").fill("")
+    page.click("#generate-btn")
+    wait_text(page, ".toast-body", "Type a prompt first", 30_000)
+    # Compare on an over-long prompt fails with red badges; the next successful run clears every one
+    page.locator("#prompt textarea").fill("x = 1\n" * 400)
+    page.click("#compare-btn")
+    wait_text(page, ".toast-body", "the limit is", 60_000)
+    page.wait_for_function(f"() => {ERROR_BADGES}.some(e => e.closest('#compare-md'))", timeout=30_000)
+    page.locator("#prompt textarea").fill("def f(x):")
+    set_number(page, "max-new", 12)
+    page.click("#generate-btn")
+    wait_text(page, "#stats", "done:", 120_000)
+    try:
+        page.wait_for_function(f"() => {ERROR_BADGES}.length === 0", timeout=30_000)
+    except sync_api.Error as e:
+        raise AssertionError(f"red error badges left on {error_badges(page)}") from e
+    assert not watch.bad, watch.bad
+    page.close()
+
+
 @pytest.mark.timeout(180)
 def test_phone_layout(url, browser):
     page, watch = open_app(browser, url, viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
@@ -377,8 +488,25 @@ def test_phone_layout(url, browser):
     assert not page.locator("#max-new").is_visible()  # folded on a phone ...
     page.locator("#settings > button.label-wrap").tap()  # ... and a tap opens them
     page.locator("#max-new").wait_for(state="visible")
-    set_number(page, "max-new", 24)
+    set_number(page, "max-new", 48)
     page.locator("#generate-btn").tap()
+    # While the run streams, the live sliders float at the foot of the screen: a tap opens them, and they sit
+    # on one screen with the output.
+    page.wait_for_selector("#tokens .sd-tok", timeout=60_000)
+    page.locator("#live-panel > button.label-wrap").tap()
+    page.locator("#temperature").wait_for(state="visible")
+    page.locator("#tokens").evaluate("e => e.scrollIntoView({block: 'start'})")
+    settle(page)
+    geometry = page.evaluate("""() => {
+        const box = s => document.querySelector(s).getBoundingClientRect();
+        const stats = document.querySelector('#stats').textContent;
+        return {tokens: box('#tokens'), slider: box('#temperature'), panel: box('#live-panel'),
+                streaming: !stats.includes('done:'), height: window.innerHeight}; }""")
+    assert geometry["streaming"], "the run ended before the sliders were checked"
+    assert geometry["tokens"]["top"] >= 0 and geometry["slider"]["bottom"] <= geometry["height"], geometry
+    assert geometry["tokens"]["top"] < geometry["panel"]["top"], geometry  # the output is not under the panel
+    page.locator("#live-panel > button.label-wrap").tap()  # folded again: a bar at the foot of the screen
+    page.locator("#temperature").wait_for(state="hidden")
     wait_text(page, "#stats", "done:", 90_000)
     page.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer .point", timeout=30_000)
     assert in_view(page, "#tokens")
@@ -389,6 +517,10 @@ def test_phone_layout(url, browser):
     assert box["x"] >= 0 and box["x"] + box["width"] <= 390
     title = page.locator("#tree-plot .gtitle").first.bounding_box()
     assert title["x"] >= 0 and title["x"] + title["width"] <= 390
+    page.locator("#tree-plot").scroll_into_view_if_needed()
+    settle(page)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.locator("#tree-plot").screenshot(path=str(ARTIFACTS / "app_phone_tree.png"))
     # Tap a token: its details show (touch screens have no hover titles).
     page.locator('#tokens .sd-tok[data-round="1"]').first.tap()
     wait_text(page, "#token-detail", "round 1", 30_000)
