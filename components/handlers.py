@@ -216,15 +216,7 @@ class Handlers(RoundViews, SamplerView, RaceView):
                         break
                     new = feed.shift(new)
                     if pacer.paced and run is session.run and stale(new, session.live_params(run)):
-                        # The sliders moved while this round waited: resume from the shown rounds with them.
-                        self.gate.close(stream)
-                        feed.close(new.index)
-                        feed = Feed(run, self.on_round)
-                        left = settings.max_new_tokens - len(run.token_ids)
-                        stream = self.gate.stream(
-                            settings.request(run.prompt_ids + run.token_ids, lambda: session.live_params(run),
-                                             max_new_tokens=left),
-                            on_round=[feed], should_stop=session.should_stop(run))
+                        stream, feed = self._resume(run, session, settings, stream, feed, new.index)
                         new, _ = self.gate.step(stream)
                         if new is None:
                             break
@@ -247,6 +239,16 @@ class Handlers(RoundViews, SamplerView, RaceView):
             # The final update carries every figure, the most instructive round, and the sampler view.
             yield self._updates(run, ev, text_html, True, True, self._run_sampler(session, run, session.live),
                                 shown, final=True)
+
+    def _resume(self, run: Run, session: Session, settings: Settings, stream, feed: Feed, at: int) -> tuple:
+        """The sliders moved while a paced run's round `at` waited: drop the rounds made from `at` on under the old
+        settings and go on from the shown ones with the live settings, as a new request -> (its stream, its feed)."""
+        self.gate.close(stream)
+        feed.close(at)
+        feed = Feed(run, self.on_round)
+        request = settings.request(run.prompt_ids + run.token_ids, lambda: session.live_params(run),
+                                   max_new_tokens=settings.max_new_tokens - len(run.token_ids))
+        return self.gate.stream(request, on_round=[feed], should_stop=session.should_stop(run)), feed
 
     def _blank_views(self) -> dict:
         """A run's views before it draws them: blank figures (the last run's belong to it), round 0 on the

@@ -34,9 +34,11 @@ def _list(texts: list[str], limit: int = 6) -> str:
     return ", ".join(shown)
 
 
-def _p(p: float) -> str:
-    """"p = 0.123" in a sentence, and a tiny one said as such: "p < 0.001"."""
-    return f"p = {p:.3f}" if p >= 0.001 else "p < 0.001"
+def _p(p: float | None, name: str = "p") -> str:
+    """"p = 0.123" in a sentence, a tiny one said as such ("p < 0.001"), a missing one "p = n/a"."""
+    if p is None:
+        return f"{name} = n/a"
+    return f"{name} = {p:.3f}" if p >= 0.001 else f"{name} < 0.001"
 
 
 def node_rule(ev: RoundEvent, i: int) -> str:
@@ -50,20 +52,19 @@ def node_rule(ev: RoundEvent, i: int) -> str:
             return "not tried: its parent was not accepted"
         return "not tried: a sibling was accepted first"
     p = n.target_prob
-    ps = "n/a" if p is None else f"{p:.3f}"
     verdict = "accepted" if n.status == "accepted" else "rejected"
     if ev.acceptance == "greedy":
         why = "it is the target's top token" if n.status == "accepted" else "it is not the target's top token"
-        return f"{verdict}: {why} (p = {ps})"
+        return f"{verdict}: {why} ({_p(p)})"
     if ev.acceptance == "typical":
-        return (f"{verdict}: typical acceptance keeps x when p(x) > min(ε, δ·e^(−H(p))) (p = {ps}; LOSSY rule)")
+        return (f"{verdict}: typical acceptance keeps x when p(x) > min(ε, δ·e^(−H(p))) ({_p(p)}; LOSSY rule)")
     # Lossless: the target draws its own token y from p at this position; a child is accepted when it
     # is y. Its chance beforehand is p(x): min(1, p/q) with q = 1, as the draft is a point mass.
     if p is None:
         return f"{verdict}"
     if n.status == "accepted":
-        return f"{verdict}: the target's own draw here was this token (chance p(x) = {ps}; the draft is a point mass)"
-    return f"{verdict}: the target drew another token here (chance it would be this one: p(x) = {ps})"
+        return f"{verdict}: the target's own draw here was this token (chance {_p(p, 'p(x)')}; the draft is a point mass)"
+    return f"{verdict}: the target drew another token here (chance it would be this one: {_p(p, 'p(x)')})"
 
 
 def narrate(ev: RoundEvent | None) -> str:

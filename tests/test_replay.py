@@ -56,3 +56,16 @@ def test_instructive_round_and_jumps():
     assert next_rejection(events, 1) == 1 and next_rejection(events, 4) == 1  # wraps around
     assert instructive_round([prefill_event(), plain_event(1)]) == 1
     assert 'data-round="7"' in highlight_css(7) and highlight_css(None) == ""
+
+
+def test_a_tiny_probability_reads_as_less_than_a_thousandth_everywhere():
+    from components.node_table import node_table_html
+    from components.replay import narrate, node_rule
+
+    ev = tree_event()
+    nodes = list(ev.nodes)
+    nodes[5] = replace(nodes[5], target_prob=1e-5)  # the rejected sibling
+    ev = replace(ev, nodes=tuple(nodes))
+    text = narrate(ev) + node_rule(ev, 5) + node_table_html(ev)
+    assert "target p < 0.001" in text and "p(x) < 0.001" in node_rule(ev, 5)
+    assert "= <" not in text and "0.000)" not in text
