@@ -28,7 +28,7 @@ import torch
 
 from . import cost as cost_mod
 from . import eagle as eagle_mod
-from . import kv_cache
+from . import kv_cache, prefill
 from .batch import Batch, Member
 from .detok import IncrementalDecoder
 from .draft_tree import PRESETS, Tree, resolve_tree
@@ -179,7 +179,7 @@ class Engine:
         batch, m = Batch(self, 1, batched=False), Member(0, self.open(plan), callbacks)
         joined = failed = False
         try:
-            [(_, out)] = batch.first_rounds([m])
+            [(_, out)] = prefill.first_rounds(batch, [m])
             while True:
                 if out.event is not None:
                     yield out.event

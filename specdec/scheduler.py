@@ -9,7 +9,7 @@ scheduler thread loops:
   3. prefill: up to `prefill_chunk` prompt tokens of the joining requests, oldest first, so a long
      prompt is fed over several iterations and never stalls the batch for long; the requests whose
      prompt is then in run their round 0 (the first token), together in one forward where that pays
-     (`Batch.first_rounds`), and join the batch;
+     (`prefill.first_rounds`), and join the batch;
   4. one batched round (specdec.batch) for every decoding request; a request that finished,
      failed, or whose `should_stop` says so leaves at once.
 
@@ -30,7 +30,7 @@ from collections import Counter, deque
 from concurrent.futures import Future
 from typing import Callable, Iterator, Protocol
 
-from . import kv_cache
+from . import kv_cache, prefill
 from .batch import Batch, FaultHook, Member
 from .engine import Engine
 from .failure import CAUSES, Failure, cause_of, message_of
@@ -285,7 +285,7 @@ class Scheduler:
 
     def _prefill(self) -> None:
         """Up to `prefill_chunk` prompt tokens of the joining requests, oldest first; those whose prompt
-        is then in run round 0 together (one forward for all: `Batch.first_rounds`)."""
+        is then in run round 0 together (one forward for all: `prefill.first_rounds`)."""
         budget, ready = self.prefill_chunk, []
         for entry in list(self._prefilling):
             t, m = entry
@@ -295,7 +295,7 @@ class Scheduler:
                     self._tickets[t.rid] = t
                     self._prefilling[self._prefilling.index(entry)] = (t, m)
                     entry = (t, m)
-                fed = self._batch.prefill(m, budget)
+                fed = prefill.prefill(self._batch, m, budget)
             except Exception as e:  # noqa: BLE001 (isolated: this request alone ends)
                 self._prefilling.remove(entry)
                 self._release(entry[1], failed=True)
@@ -310,7 +310,7 @@ class Scheduler:
         if not ready:
             return
         ticket = {m: t for t, m in ready}
-        for m, out in self._batch.first_rounds(list(ticket)):  # in the order given: staged rows move down
+        for m, out in prefill.first_rounds(self._batch, list(ticket)):  # in the order given: staged rows move down
             t = ticket[m]
             self._prefilling.remove((t, m))
             self._after(t, m, out.event, out.failure, joined=False)

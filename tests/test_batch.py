@@ -290,6 +290,7 @@ def test_which_joining_requests_share_round_0():
     """Rows are padded to the longest rest, so a request shares the forward only while the padding stays
     within the buffer and at most doubles the real tokens (or 16 per row); the rest run alone."""
     from specdec.batch import Batch, Member
+    from specdec.prefill import _sharing, prefill
 
     model = make_model("llama")
     engine = specdec.load(model, heads=None, device="cpu").engine
@@ -299,15 +300,15 @@ def test_which_joining_requests_share_round_0():
         prompt = [(5 * i) % 90 + 3 for i in range(n)]
         m = Member(rid, engine.open(GenerationRequest(prompt, 8, speculative=False).plan(engine)))
         if fed:
-            assert batch.prefill(m, fed) == fed  # prompt chunks already in its own buffer
+            assert prefill(batch, m, fed) == fed  # prompt chunks already in its own buffer
         return m
 
     short = [member(0, 5), member(1, 3), member(2, 4)]
-    assert batch._sharing(short) == [short[1], short[2], short[0]]  # shortest rest first
+    assert _sharing(batch, short) == [short[1], short[2], short[0]]  # shortest rest first
     long = member(3, 60)
-    assert batch._sharing(short + [long]) == [short[1], short[2], short[0]]  # 4 x 60 padded for 72 real tokens
-    assert batch._sharing([short[0], long]) == [short[0], long]  # two rows: the padding at most doubles them
-    assert batch._sharing([short[0]]) == []  # a group of one is no group
+    assert _sharing(batch, short + [long]) == [short[1], short[2], short[0]]  # 4 x 60 padded for 72 real tokens
+    assert _sharing(batch, [short[0], long]) == [short[0], long]  # two rows: the padding at most doubles them
+    assert _sharing(batch, [short[0]]) == []  # a group of one is no group
     fed, rest = member(4, 200, fed=198), member(5, 100)  # 2 x 100 padded for 102 real: fine, but 198 + 100
-    assert fed.run.cache.capacity < 298 and batch._sharing([fed, rest]) == []  # slots do not fit the buffer
-    assert Batch(engine, 4, batched=False)._sharing(short) == []
+    assert fed.run.cache.capacity < 298 and _sharing(batch, [fed, rest]) == []  # slots do not fit the buffer
+    assert _sharing(Batch(engine, 4, batched=False), short) == []

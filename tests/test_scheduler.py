@@ -564,11 +564,11 @@ def mixed_laws(small_model):
 @pytest.mark.slow
 def test_each_request_of_a_mixed_batch_follows_its_own_law(small_model, mixed_laws, monkeypatch):
     """Each kind's (t2, t3) law, t1 drawn in round 0: most requests join in waves, so their round 0 is a
-    shared forward (`Batch.first_rounds`), and the test covers that path too."""
-    from specdec.batch import Batch
+    shared forward (`prefill.first_rounds`), and the test covers that path too."""
 
-    shared, real = [], Batch._shared_first_rounds
-    monkeypatch.setattr(Batch, "_shared_first_rounds", lambda self, ms: shared.extend(ms) or real(self, ms))
+    import specdec.prefill as prefill_mod
+    shared, real = [], prefill_mod._shared_first_rounds
+    monkeypatch.setattr(prefill_mod, "_shared_first_rounds", lambda batch, ms: shared.extend(ms) or real(batch, ms))
     counts = mixed_counts(small_model, N_MIXED, seed0=50_000)
     assert len(shared) > N_MIXED  # of 2 * N_MIXED requests (measured: 191 of 200)
     for k in KINDS:
