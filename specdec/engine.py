@@ -36,7 +36,7 @@ from .events import EmittedToken, RoundEvent
 from .failure import RequestFailed
 from .heads import MedusaHeads
 from .lookup import NgramIndex
-from .request import LOOKUP_MODES, ROOT_ONLY, GenerationRequest, Plan, default_eos
+from .request import LOOKUP_MODES, ROOT_ONLY, GenerationRequest, Plan, as_request, callbacks_of, default_eos
 from .run_state import Draft, RunState, cut, tree_nodes, with_text
 from .sampler import SamplingParams, filter_stages, position_uniforms
 from .stopwatch import Stopwatch
@@ -166,13 +166,7 @@ class Engine:
             on_round: callbacks that receive every event, before it is yielded.
             should_stop: polled once per round; True ends the stream early.
         """
-        if not isinstance(request, GenerationRequest):
-            request = GenerationRequest(request, *fields, **named)
-        elif fields or named:
-            raise TypeError("pass a GenerationRequest alone, or its fields, not both")
-        plan = request.plan(self)
-        callbacks = [] if on_round is None else ([on_round] if callable(on_round) else list(on_round))
-        return self._loop(plan, callbacks, should_stop)
+        return self._loop(as_request(request, fields, named).plan(self), callbacks_of(on_round), should_stop)
 
     def _loop(self, plan: Plan, callbacks: list[RoundCallback], should_stop) -> Iterator[RoundEvent]:
         """A solo request is a batch of one: the scheduler's own round, on the caller's thread."""

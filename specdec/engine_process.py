@@ -35,9 +35,9 @@ from typing import Callable, Iterator
 import torch
 
 from .engine import RoundEvent
-from .request import GenerationRequest
+from .request import GenerationRequest, as_request, callbacks_of
 from .scheduler import SchedulerMetrics
-from .supervisor import ENGINE_GONE, RemoteTicket, Supervisor  # noqa: F401 (ENGINE_GONE: callers match it)
+from .supervisor import RemoteTicket, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -218,14 +218,11 @@ class RemoteScheduler:
                **named) -> RemoteTicket:
         """Queue a request there; a request it refuses raises ValueError here, before any token. While the
         process is being replaced this waits for the new one."""
-        if not isinstance(request, GenerationRequest):
-            request = GenerationRequest(request, *fields, **named)
-        elif fields or named:
-            raise TypeError("pass a GenerationRequest alone, or its fields, not both")
+        request = as_request(request, fields, named)
         live = request.params if callable(request.params) else None
         if live is not None:  # sent as its value now; later values follow the events (RemoteTicket._arrive)
             request = dataclasses.replace(request, params=live())
-        callbacks = [] if on_round is None else ([on_round] if callable(on_round) else list(on_round))
+        callbacks = callbacks_of(on_round)
         for attempt in (1, 2):
             conn = self._supervisor.connection()
             ticket = RemoteTicket(conn, conn.next_id(), live, callbacks, should_stop)

@@ -177,6 +177,20 @@ class Plan:
         return "lossless" if self.request.acceptance == "auto" else self.request.acceptance
 
 
+def as_request(request, fields: tuple, named: dict) -> GenerationRequest:
+    """A GenerationRequest as callers pass it: built from its fields, or given whole (not both)."""
+    if not isinstance(request, GenerationRequest):
+        return GenerationRequest(request, *fields, **named)
+    if fields or named:
+        raise TypeError("pass a GenerationRequest alone, or its fields, not both")
+    return request
+
+
+def callbacks_of(on_round) -> list:
+    """`on_round` as a list of callbacks: None, one callable, or several."""
+    return [] if on_round is None else ([on_round] if callable(on_round) else list(on_round))
+
+
 def _ids(value) -> set[int]:
     """An EOS setting (None, an id, or a list of ids) as a set."""
     if value is None:

@@ -35,7 +35,7 @@ from .batch import Batch, FaultHook, Member
 from .engine import Engine
 from .failure import CAUSES, Failure, cause_of, message_of
 from .events import RoundEvent
-from .request import GenerationRequest
+from .request import as_request, callbacks_of
 from .threads import off_the_callers_thread
 from .ticket import Ticket
 
@@ -104,12 +104,8 @@ class Scheduler:
             on_end: called once with the failure (None: it finished, stopped or was cancelled) as the request
                 ends, after its last event, on the thread that ends it (the scheduler's, or `close`'s).
         """
-        if not isinstance(request, GenerationRequest):
-            request = GenerationRequest(request, *fields, **named)
-        elif fields or named:
-            raise TypeError("pass a GenerationRequest alone, or its fields, not both")
-        plan = request.plan(self.engine)
-        callbacks = [] if on_round is None else ([on_round] if callable(on_round) else list(on_round))
+        plan = as_request(request, fields, named).plan(self.engine)
+        callbacks = callbacks_of(on_round)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the scheduler is closed")

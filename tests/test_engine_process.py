@@ -18,7 +18,7 @@ import specdec
 from specdec import GenerationRequest, SamplingParams, engine_process
 from specdec.api import encode
 from specdec.batch import chaos
-from specdec.engine_process import ENGINE_GONE, RemoteTicket
+from specdec.supervisor import ENGINE_GONE, RemoteTicket
 from specdec.lookup import DEFAULT_LOOKUP
 from specdec import RequestFailed
 from specdec.supervisor import FIRST_DELAY, HEALTHY, MAX_DELAY, backoff
