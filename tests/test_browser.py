@@ -233,6 +233,8 @@ def test_desktop_toasts_every_token_replay_and_the_race(url, browser):
     # Out-of-range typed values: a toast that names the range (was: a silent 500 from /set_sampling).
     set_number(page, "temperature", 5)
     wait_text(page, ".toast-body", "`temperature` must be in [0.0, 2.0], got 5", 30_000)
+    page.wait_for_function("() => document.querySelector('#temperature input[type=number]').value === '0.7'",
+                           timeout=10_000)  # the box shows the temperature in use again
     set_number(page, "top-p", 0)
     wait_text(page, ".toast-body", "`top_p` must be in (0, 1]", 30_000)  # the sampler's own check
     # The greedy rule ignores temperature: its slider is greyed out.
@@ -405,7 +407,10 @@ def test_a_run_at_the_defaults_can_be_watched_round_by_round(url, browser):
                            timeout=60_000)
     set_number(page, "temperature", 1.2)  # live, while the run streams
     page.wait_for_function("() => window.sdSeen.some(r => r.streaming && r.settings > 0)", timeout=30_000)
-    page.locator("#tokens").evaluate("e => e.scrollIntoView({block: 'start'})")  # the output, the round, its tree
+    # a round drawn after the change, while the run still streams: its narration and tree on one screen
+    page.wait_for_function("""() => { const s = window.sdSeen, k = s.findIndex(r => r.settings > 0);
+        return s.slice(k).filter(r => r.streaming).length >= 3; }""", timeout=30_000)
+    page.locator("#legend").evaluate("e => e.scrollIntoView({block: 'start'})")
     settle(page)
     shot(page, "app_desktop.png")
     wait_text(page, "#stats", "done:", 120_000)
@@ -525,7 +530,7 @@ def test_phone_layout(url, browser):
     page.locator('#tokens .sd-tok[data-round="1"]').first.tap()
     wait_text(page, "#token-detail", "round 1", 30_000)
     wait_text(page, "#round-info", "Round 1", 30_000)
-    page.evaluate("() => window.scrollTo(0, 0)")
+    page.locator("#tokens").evaluate("e => e.scrollIntoView({block: 'start'})")  # the output and its round
     settle(page)
     shot(page, "app_phone.png")
     # Compare on a phone: the race and its explained ratio come into view by themselves.
@@ -533,5 +538,8 @@ def test_phone_layout(url, browser):
     wait_text(page, "#compare-md", "Median ratio", 180_000)
     wait_in_view(page, "#compare-md")
     assert "Why speculation" in page.locator("#compare-md").text_content()
+    table = page.evaluate("""() => { const r = e => document.querySelector(e).getBoundingClientRect().right;
+        return {table: r('#compare-md table'), box: r('#compare-md'), last: r('#compare-md th:last-child')}; }""")
+    assert table["last"] <= table["table"] <= table["box"] + 1 <= 391, table  # tok/s included, nothing cut
     assert not watch.bad, watch.bad
     page.close()
