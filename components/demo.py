@@ -22,7 +22,7 @@ from . import Handlers, Session, layout, plots, serving
 from .app_args import parse_args, prefix_cache_bytes
 from .pace import UI_PACE
 from .texts import API, CLEAR_DETAIL_JS, SCROLL_TO_RACE_JS
-from specdec.batch import FaultHook, chaos
+from specdec.batch import FaultHook
 from specdec import engine_process
 from specdec.metrics import Metrics
 
@@ -68,7 +68,7 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
         metrics: the app's Prometheus metrics, fed by Generate requests and their rounds; serve them
             with `demo.launch(**launch_kwargs(metrics))`. None: no metrics.
         replay_interval: seconds per round when ▶ replays a run.
-        fault_hook: testing only: handed to the scheduler (see specdec.batch.chaos).
+        fault_hook: testing only: handed to the scheduler (see bench/chaos.py).
 
     Every model call goes through `loaded.scheduler`, started here with `metrics` (batch sizes, the
     wait for a batch slot, failures by cause) unless it is already running.
@@ -204,9 +204,18 @@ def main(argv=None) -> None:
           flush=True)
     metrics = Metrics()  # one registry per app; served at /metrics
     demo = build_demo(loaded, max_prompt_tokens=args.max_prompt_tokens, queue_size=args.queue_size, metrics=metrics,
-                      fault_hook=chaos(args.chaos) if args.chaos else None)
+                      fault_hook=_chaos(args.chaos))
     if not remote:  # (the engine's process measures it as its scheduler starts)
         # The dynamic tree's cost model is measured on first use (about a second on a CPU): measure it now, on
         # the scheduler's thread, while the server starts, not in the first visitor's first request.
         loaded.scheduler.call_soon(loaded.engine.cost_model)
     demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs(metrics))
+
+
+def _chaos(fraction: float):
+    """The `--chaos` fault hook (testing only: bench/chaos.py, in a checkout), or None."""
+    if not fraction:
+        return None
+    from bench.chaos import chaos
+
+    return chaos(fraction)

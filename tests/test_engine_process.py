@@ -17,7 +17,7 @@ import pytest
 import specdec
 from specdec import GenerationRequest, SamplingParams, engine_process
 from specdec.api import encode
-from specdec.batch import chaos
+from bench.chaos import chaos
 from specdec.supervisor import ENGINE_GONE, RemoteTicket
 from specdec.lookup import DEFAULT_LOOKUP
 from specdec import RequestFailed

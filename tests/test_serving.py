@@ -164,7 +164,7 @@ def test_short_load_test_has_no_failures(server):
 def test_concurrent_clients_are_batched_and_a_chaos_run_fails_only_its_victims():
     """Half the requests fail mid-stream (the chaos hook); every other one completes with the text of
     its solo run, and /metrics counts the failures by cause and the rounds by batch size."""
-    from specdec.batch import chaos
+    from bench.chaos import chaos
 
     loaded = specdec.load(device="cpu", max_batch_size=4)
     metrics = Metrics()
