@@ -266,8 +266,8 @@ def test_injected_faults_stay_with_their_requests_and_a_killed_engine_is_replace
         # says, so the fault hook went to the new process too, and its failure is counted here.
         after = [model.scheduler.submit(r) for r in reqs[:4]]
         assert tokens(after[0].result(timeout=60)) == tokens(here.scheduler.submit(reqs[0]).result())
-        recovered = time.monotonic() - killed
-        assert recovered < 30, f"the first request after the kill took {recovered:.1f} s"
+        recovered = time.monotonic() - killed  # a liveness bound (a new process loads in seconds), not a timing
+        assert recovered < 60, f"the first request after the kill took {recovered:.1f} s"
         with pytest.raises(RequestFailed, match="out of memory"):
             after[3].result(timeout=60)
         assert model.pid not in (None, first) and metrics.named("restart") == [1]
