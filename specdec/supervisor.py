@@ -1,4 +1,4 @@
-"""The caller's side of the engine's process: the pipe, its requests, and a supervisor that replaces it.
+"""The caller's side of the engine's process: the pipe, and a supervisor that replaces a process that ends.
 
 A process that ends while it serves (killed, out of memory, a crash in native code) fails every request and
 call in flight with a message naming the signal or exit code. The `Supervisor` starts a new process with the
@@ -18,9 +18,8 @@ from concurrent.futures import Future
 from typing import Callable
 
 from .failure import Failure, message_of
-from .engine import RoundEvent
 from .scheduler import SchedulerMetrics
-from .ticket import Ticket
+from .ticket import RemoteTicket
 
 log = logging.getLogger(__name__)
 
@@ -36,60 +35,6 @@ def backoff(previous: float | None, healthy_for: float) -> float:
     if previous is None or healthy_for >= HEALTHY:
         return FIRST_DELAY
     return min(2 * previous, MAX_DELAY)
-
-
-class RemoteTicket(Ticket):
-    """A request in the engine's process: iterate it for its events, as a `scheduler.Ticket`."""
-
-    def __init__(self, conn: "Connection", rid: int, params, callbacks: list, should_stop) -> None:
-        super().__init__(rid, None, callbacks, should_stop)
-        self.conn = conn  # the process it runs in: it ends with that process
-        self.params = params  # a live callable, or None
-        self._sent_params = None
-        self._stopping = False
-
-    def cancel(self) -> None:
-        """Stop this request: it leaves the batch before its next round there."""
-        if not self._cancelled and not self.done.is_set():
-            self._cancelled = True
-            self.conn.post(("cancel", self.rid))
-
-    # -- the delivery thread -----------------------------------------------------------------------
-    def _arrive(self, ev: RoundEvent) -> None:
-        """An event from the engine: this side's callbacks, the client's queue, then live params and Stop."""
-        if self.done.is_set() or self._cancelled:
-            return
-        if not self._check(lambda: [cb(ev) for cb in self.callbacks], "callback", "on_round", ev.index):
-            return
-        self._deliver(ev)
-        if ev.finished is not None:
-            return
-        if self.params is not None and not self._check(self._send_params, "params", "params", ev.index):
-            return
-        if self.should_stop is not None and not self._stopping:
-            self._check(self._ask_stop, "callback", "should_stop", ev.index)
-
-    def _send_params(self) -> None:
-        now = self.params()
-        if now != self._sent_params:
-            self._sent_params = now
-            self.conn.post(("params", self.rid, now))
-
-    def _ask_stop(self) -> None:
-        if self.should_stop():
-            self._stopping = True
-            self.conn.post(("stop", self.rid))
-
-    def _check(self, fn: Callable[[], object], cause: str, step: str, index: int) -> bool:
-        """Run one of this side's steps; an error ends the request as the scheduler would (`cause`, counted)."""
-        try:
-            fn()
-            return True
-        except Exception as e:  # noqa: BLE001 (the scheduler's rule: it ends its own request only)
-            self.conn.post(("cancel", self.rid))
-            self.conn.count_failure(cause)
-            self._end(Failure(cause, step, index, message_of(e)))
-            return False
 
 
 def _how(proc) -> str:  # how a process ended, for a person

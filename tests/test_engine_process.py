@@ -18,7 +18,8 @@ import specdec
 from specdec import GenerationRequest, SamplingParams, engine_process
 from specdec.api import encode
 from bench.chaos import chaos
-from specdec.supervisor import ENGINE_GONE, RemoteTicket
+from specdec.supervisor import ENGINE_GONE
+from specdec.ticket import RemoteTicket
 from specdec.lookup import DEFAULT_LOOKUP
 from specdec import RequestFailed
 from specdec.supervisor import FIRST_DELAY, HEALTHY, MAX_DELAY, backoff
