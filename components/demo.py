@@ -83,9 +83,10 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
     with gr.Blocks(title="specdec: speculative decoding, visible") as demo:
         session = gr.State(Session(live=d), delete_callback=lambda s: s.clear())
         layout.header()
-        # Output first: on a phone the columns stack, and the prompt, buttons and tokens come before settings.
+        # A wide screen shows the output beside the round it is watching (narration, tree, nodes) above the fold.
+        # On a phone the columns stack: the prompt, buttons and tokens come first, then the round, then settings.
         with gr.Row(elem_id="main-row"):
-            with gr.Column(scale=3, min_width=360, elem_id="output-col"):
+            with gr.Column(scale=5, min_width=360, elem_id="output-col"):
                 prompt = gr.Textbox(prompts[0], lines=3, label="Prompt", elem_id="prompt")
                 with gr.Row(elem_id="buttons"):
                     gen_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn", min_width=80)
@@ -98,13 +99,14 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
                 pacing = layout.pace_controls()
                 tokens, round_style = layout.token_panel()
                 stats = gr.Markdown("", label="stats", elem_id="stats")
+                live = layout.live_panel(d)
+                race = layout.compare_box()  # below the run's views: the output is not Compare's
+            with gr.Column(scale=4, min_width=320, elem_id="side-col"):
                 rounds = layout.round_controls()
                 tree_plot = gr.Plot(plots.tree_figure(None), label="Draft tree of the round", elem_id="tree-plot")
                 nodes = layout.node_table()
-                race = layout.compare_box()  # below the run's views: the output is not Compare's
-            with gr.Column(scale=2, min_width=320, elem_id="side-col"):
                 sampler_plot = gr.Plot(label="Sampler view", elem_id="sampler-plot")
-                c = layout.settings_panel(d, h.tree_choices)
+                c = layout.settings_panel(d, h.tree_choices, live)
                 gr.Examples([[p] for p in prompts], inputs=[prompt], cache_examples=False, label="Examples")
                 gr.Markdown(h.model_line, elem_id="model-line")
         len_plot, depth_plot, tps_plot = layout.charts_row()

@@ -75,10 +75,9 @@ def round_controls() -> SimpleNamespace:
                            info=info)
 
 
-def settings_panel(d: Settings, tree_choices: list[tuple[str, str]]) -> SimpleNamespace:
-    """The sampler sliders (live: a running generation reads them each round), then the settings accordion:
-    how long, which seed, how to draft and verify (per run). On a phone the sliders float at the foot of the
-    screen (app.css), so they stay within reach of the output while a run streams."""
+def live_panel(d: Settings) -> SimpleNamespace:
+    """The sampler sliders, live: a running generation reads them each round. Under the output on a wide screen;
+    on a phone they float at the foot of the screen (app.css), within reach of the output while a run streams."""
     with gr.Accordion("Sampler sliders (live)", open=True, elem_id="live-panel"):
         with gr.Group():
             temperature = gr.Slider(0, TEMPERATURE_MAX, d.temperature, step=0.05, label="temperature",
@@ -87,6 +86,14 @@ def settings_panel(d: Settings, tree_choices: list[tuple[str, str]]) -> SimpleNa
                               elem_id="top-k")
             top_p = gr.Slider(0.01, 1.0, d.top_p, step=0.01, label="top-p", info="1 = off", elem_id="top-p")
             min_p = gr.Slider(0.0, 1.0, d.min_p, step=0.01, label="min-p", info="0 = off", elem_id="min-p")
+    return SimpleNamespace(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+
+
+def settings_panel(d: Settings, tree_choices: list[tuple[str, str]], live: SimpleNamespace | None = None
+                   ) -> SimpleNamespace:
+    """The settings accordion: how long, which seed, how to draft and verify (per run); returned with the live
+    sliders (`live`, or a `live_panel` built here first)."""
+    live = live_panel(d) if live is None else live
     with gr.Accordion("Settings", open=True, elem_id="settings"):
         with gr.Group():
             max_new = gr.Slider(1, MAX_NEW_TOKENS_MAX, d.max_new_tokens, step=1, precision=0, label="max new tokens",
@@ -110,8 +117,7 @@ def settings_panel(d: Settings, tree_choices: list[tuple[str, str]]) -> SimpleNa
             acceptance = gr.Radio(list(ACCEPTANCE_CHOICES), value=d.acceptance, label="acceptance rule",
                                   info="typical is lossy: its output no longer follows the target model",
                                   elem_id="acceptance")
-    return SimpleNamespace(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, max_new=max_new,
-                           seed=seed, speculative=speculative, tree=tree, lookup=lookup, lookup_mode=lookup_mode,
+    return SimpleNamespace(**vars(live), max_new=max_new, seed=seed, speculative=speculative, tree=tree, lookup=lookup, lookup_mode=lookup_mode,
                            acceptance=acceptance, versus=versus)
 
 

@@ -407,11 +407,13 @@ def test_a_run_at_the_defaults_can_be_watched_round_by_round(url, browser):
                            timeout=60_000)
     set_number(page, "temperature", 1.2)  # live, while the run streams
     page.wait_for_function("() => window.sdSeen.some(r => r.streaming && r.settings > 0)", timeout=30_000)
-    # a round drawn after the change, while the run still streams: its narration and tree on one screen
+    # a round drawn after the change, while the run still streams: the output, its narration and tree on one screen
     page.wait_for_function("""() => { const s = window.sdSeen, k = s.findIndex(r => r.settings > 0);
         return s.slice(k).filter(r => r.streaming).length >= 3; }""", timeout=30_000)
-    page.locator("#legend").evaluate("e => e.scrollIntoView({block: 'start'})")
+    page.evaluate("() => window.scrollTo(0, 0)")
     settle(page)
+    for main in ("#prompt", "#tokens", "#round-info", "#tree-plot"):  # the main view is above the fold
+        assert page.locator(main).bounding_box()["y"] < 900 - 150, main
     shot(page, "app_desktop.png")
     wait_text(page, "#stats", "done:", 120_000)
     seen = streamed_rounds(page)
