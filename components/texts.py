@@ -14,12 +14,14 @@ every node at once.</li>
 is a point mass, so this keeps the output exactly the target's law); at the first rejection it samples a
 <b>correction</b>, after a fully accepted path it adds a <b>bonus</b> token.</li>
 <li><b>Colours.</b> Tree: green accepted, red rejected, grey not reached. Text: green tokens were drafted and accepted,
-orange corrections and blue bonus tokens came from the target. Click a token to see its round.</li>
+orange corrections and blue bonus tokens came from the target. Click a token to see its round, and in the
+sampler view the distribution it was drawn from.</li>
 </ol>
 <p class="sd-howto-defaults"><b>The defaults teach.</b> EAGLE-3's tree (the heads' trained tree where no EAGLE-3
 drafter is loaded) with prompt lookup merged into it, temperature 0.7, shown at 2 rounds/s: most rounds draw a
-tree with branches, and the model drafter, not only prompt lookup, makes most of the accepted drafts. The fastest
-settings (the heads' "auto" tree, pace "fast") are for speed; Compare measures it.</p></details>"""
+tree with branches, and the model drafter, not only prompt lookup, makes most of the accepted drafts. Move a
+sampler slider while a run plays and the next round shown uses it. The fastest settings (the heads' "auto" tree,
+pace "fast") are for speed; Compare measures it, as the median of three interleaved pairs.</p></details>"""
 # On a phone the settings start folded, below the output, and so do the live sliders, a bar at the foot of
 # the screen that a tap opens (the how-to panel starts folded everywhere).
 HOW_TO_READ_JS = """if (window.innerWidth < 700) {  // a phone
