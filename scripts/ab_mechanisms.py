@@ -71,8 +71,11 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument("--only", default="", help="comma-separated mechanism names (default: all)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     loaded = specdec.load(heads="medusa")
     info = loaded.engine.info()
     print(f"torch threads {torch.get_num_threads()}, heads dtype {info['heads_dtype']}, "
