@@ -1,5 +1,9 @@
 """A/B each optional mechanism on the path users take (`specdec.generate`, the scheduler), in one process.
 
+The mechanisms these A/Bs removed (a cross-request calibration memory, the heads' dtype chosen at load,
+root-token heads, a cost model learnt from the engine's own rounds) are in git's history with their figures
+in BENCHMARKS.md; those left are timed here.
+
 For each mechanism the two variants run interleaved (on, off, on, off, ...) over the held-out bench prompts,
 greedy and at T=0.7/top-p 0.9, `--pairs` times after a warm-up; each pair gives a ratio of tokens per second
 (on / off). An A/A row (the default against itself) shows the run-to-run spread the others must beat.
@@ -21,15 +25,11 @@ from specdec import tree_policy
 
 
 def _state(loaded):
-    eng = loaded.engine
-    return eng.policy_memory, eng.target.packed_rows is not None, eng.heads.projection_dtype
+    return loaded.engine.target.packed_rows is not None
 
 
 def _restore(loaded, state):
-    eng = loaded.engine
-    eng.policy_memory = state[0]
-    eng.target.use_packed_rows(state[1])
-    eng.heads.store_projections(state[2])
+    loaded.engine.target.use_packed_rows(state)
     tree_policy.DynamicTree._rest, tree_policy.DynamicTree.__init__ = _REST, _INIT
 
 
@@ -48,12 +48,8 @@ def _never_rest(loaded):
 # name -> (the mechanism on, the mechanism off): each changes the loaded defaults, which are put back after
 MECHANISMS = {
     "A/A (default against itself)": (lambda loaded: None, lambda loaded: None),
-    "PolicyMemory": (lambda loaded: None, lambda loaded: setattr(loaded.engine, "policy_memory", None)),
     "packed rows": (lambda loaded: loaded.engine.target.use_packed_rows(True),
                     lambda loaded: loaded.engine.target.use_packed_rows(False)),
-    "heads in bfloat16 (what the autotune may pick) vs the model's float32": (
-        lambda loaded: loaded.engine.heads.store_projections(torch.bfloat16),
-        lambda loaded: loaded.engine.heads.store_projections(torch.float32)),
     "heads' rest/probe schedule": (lambda loaded: None, _never_rest),
 }
 

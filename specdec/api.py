@@ -156,11 +156,9 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
         cuda_graphs: replay captured CUDA graphs of the target forward and the heads (`specdec.graphs`);
             None (default) turns them on where the model runs on CUDA. True on another device is refused.
             A forward that cannot be captured runs eagerly, with a log line.
-        heads_dtype: the dtype the heads' vocabulary projections are stored in (a torch dtype or name).
-            None (default): on a CPU the fastest of the model's dtype, bfloat16 and float16, measured
-            at load on one row and on `max_batch_size` rows (`cost.fastest_projection_dtype`, ~0.3 s);
-            elsewhere the model's dtype. A head only proposes tokens, so its precision changes speed
-            and acceptance, never the output.
+        heads_dtype: the dtype the heads' vocabulary projections are stored in (a torch dtype or name;
+            default: the model's). A head only proposes tokens, so its precision changes speed and
+            acceptance, never the output.
         packed_rows: compute a speculative round's vocabulary rows through oneDNN with a prepacked
             lm_head (`specdec.packed`; an fp32 model on a CPU). None (default): where it measures at
             least 10% faster at load (`cost.packed_rows_pay`, ~0.1 s). Plain decoding (speculative=False)
@@ -245,11 +243,8 @@ def _load(model, heads, dev: torch.device, dtype, tokenizer, prefix_cache, cost_
         packed_rows = cost.packed_rows_pay(target)
     if packed_rows:
         target.use_packed_rows(True)
-    if head_mod is not None:
-        if heads_dtype is not None:
-            head_mod.store_projections(resolve_dtype(heads_dtype, target.device))
-        elif target.device.type == "cpu":
-            head_mod.store_projections(cost.fastest_projection_dtype(target, head_mod, rows=max_batch_size))
+    if head_mod is not None and heads_dtype is not None:
+        head_mod.store_projections(resolve_dtype(heads_dtype, target.device))
     if cost_cache is True:
         cost_cache = os.environ.get("SPECDEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "specdec")
     both = head_mod is not None and eagle is not None and name == "embedded"

@@ -120,7 +120,6 @@ class Batch:
         """A request leaves (finished, stopped, disconnected or failed): its row is free for the next round."""
         i = self.members.index(m)
         last = len(self.members) - 1
-        self.engine.remember(m.run, failed)
         if not self.batched:  # its own buffer: a pooled one goes back (zeroed after a failure)
             self.engine.target.release(m.run.cache, failed)
         else:

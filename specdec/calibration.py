@@ -70,16 +70,6 @@ class Calibrator:
         o, sc, p, w, s = self._outcome[row][b], self._score[row][b], self.prior[row], _PRIOR_W[b], self._scale
         return min(1.0, q * ((o * s + w * p) / (sc * s + w)))
 
-    def evidence(self) -> tuple[list[list[float]], list[list[float]]]:
-        """(outcome sums, score sums) per row and bin, as decayed so far: copies."""
-        return self.outcome, self.score
-
-    def start_from(self, outcome: list[list[float]], score: list[list[float]], share: float) -> None:
-        """Begin with `share` of another calibrator's evidence, which then decays like this one's own."""
-        self._outcome = [[share * x for x in r] for r in outcome]
-        self._score = [[share * x for x in r] for r in score]
-        self._scale, self._ratios = 1.0, None
-
     def observe(self, seen: list[tuple[int, float, float]]) -> None:
         """One round's (row, score q, outcome) triples; decays the old evidence first."""
         self._scale *= DECAY

@@ -33,7 +33,6 @@ from .sampler import SamplingParams, sample, target_probs
 if TYPE_CHECKING:
     from .engine import Engine
     from .events import RoundEvent
-    from .heads import MedusaHeads
     from .target import TargetModel
 
 NODE_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # where forward(N) is timed
@@ -236,57 +235,6 @@ def _measure(engine: "Engine", cache, ids: torch.Tensor, ctx: int, deadline: flo
         drafted.append(_drafted_overhead(engine, ids[:3].tolist() * 6, plain[-1], curve))
     overhead_s, drafted_s = statistics.median(plain), statistics.median(drafted)
     return CostModel(tuple(nodes), tuple(times), heads_s, overhead_s, model_key(engine), verify_s, drafted_s)
-
-
-@torch.no_grad()  # not inference_mode: the copies swapped into the heads' parameters must be ordinary tensors
-def fastest_projection_dtype(target: "TargetModel", heads: "MedusaHeads", reps: int = 12,
-                             margin: float = 0.9, budget_s: float = 1.0, rows: int = 1) -> torch.dtype:
-    """The storage dtype (the heads' own, bfloat16 or float16) in which the heads' K vocabulary
-    projections run fastest here, timed as a round runs them: right after a target forward has
-    pulled its own weights through the caches. Another dtype must beat the heads' own by
-    `1 - margin` to be chosen, so noise alone never switches.
-
-    With `rows` > 1 (the scheduler's largest batch) a candidate is timed on one hidden state and on
-    `rows` of them, as a batched round computes every member's heads in one call, and judged by the
-    sum: a dtype's products scale very differently with rows on a CPU (embedded model, 8 rows: float16
-    1.78 ms, float32 0.72, bfloat16 0.32, where one row costs 0.26-0.31 ms in each).
-
-    Candidates are timed from converted copies, interleaved, for up to `reps` passes or `budget_s`
-    seconds (at least two passes after the warm-up); the heads get their own tensors back untouched,
-    so a choice of their own dtype loses nothing. About 0.2 s for the embedded model (0.3 s with rows).
-    """
-    own = heads.projection_dtype
-    if heads.config.shared_lm_head:
-        return own  # the target's lm_head: not ours to change
-    ids = torch.arange(16, device=target.device) % target.vocab_size
-    states = target.forward(ids, kv_cache.new_cache(target.model))  # [16, H]
-    hidden, K = states[-1], heads.config.num_heads  # [H]
-    batch = states[-rows:] if rows > 1 else None  # [rows, H] (fewer when rows > 16)
-
-    def a_round() -> None:  # a forward, its vocabulary rows and their argmax, as a greedy round does
-        target.logits(target.forward(ids, kv_cache.new_cache(target.model))).argmax(-1).tolist()
-
-    def project() -> None:  # as `Engine.head_logits` and a batched round's shared call run the heads
-        heads.first(hidden, K).float().argmax(-1).tolist()
-        if batch is not None:
-            heads(batch).float().argmax(-1).tolist()
-
-    def trial(ws: list[torch.Tensor]) -> float:
-        heads.use_projection_weights(ws)
-        a_round()
-        return _timed(project)
-
-    saved = heads.projection_weights()
-    try:
-        weights = {d: [w.to(d) for w in saved] if d != own else saved
-                   for d in (own, torch.bfloat16, torch.float16) if d.itemsize <= own.itemsize}
-        times = _interleaved({d: (lambda ws=ws: trial(ws)) for d, ws in weights.items()}, reps, budget_s)
-    except RuntimeError:  # a dtype this build cannot multiply in: keep the heads' own
-        return own
-    finally:
-        heads.use_projection_weights(saved)
-    best = min(times, key=times.get)
-    return best if times[best] < margin * times[own] else own
 
 
 @torch.inference_mode()

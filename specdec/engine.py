@@ -41,7 +41,7 @@ from .run_state import Draft, RunState, cut, tree_nodes, with_text
 from .sampler import SamplingParams, filter_stages, position_uniforms
 from .stopwatch import Stopwatch
 from .target import TargetModel
-from .tree_policy import DynamicTree, PolicyMemory
+from .tree_policy import DynamicTree
 from .verifier import Verdict, all_rows_at_once, verify, verify_greedy
 
 __all__ = ["Engine", "GenerationRequest", "LOOKUP_MODES", "default_eos"]
@@ -87,8 +87,6 @@ class Engine:
         self._cost = cost
         self._cost_cache = cost_cache
         self._cost_lock = threading.Lock()
-        # What finished requests taught the dynamic tree (None: every request starts cold).
-        self.policy_memory: PolicyMemory | None = PolicyMemory()
 
     # -- helpers -------------------------------------------------------------
     def token_text(self, token_id: int) -> str:
@@ -193,14 +191,6 @@ class Engine:
                 batch.remove(m, failed)
             else:
                 batch.release(m, failed)
-                self.remember(m.run, failed)
-
-    def remember(self, run: "RunState", failed: bool = False) -> None:
-        """A request is done: what its dynamic tree learned goes to the engine's memory (not after a failure)."""
-        if failed:
-            return
-        if run.policy is not None and self.policy_memory is not None:
-            self.policy_memory.learn(run.policy)
 
     def open(self, plan: Plan) -> "RunState":
         """A request's own state: position uniforms, decoder, lookup index, and a KV buffer sized once, for the
@@ -210,7 +200,7 @@ class Engine:
         policy = None
         if plan.dynamic:
             k = self.heads.config.num_heads if self.heads is not None else 0
-            policy = DynamicTree(k, self.cost_model(), lookup=req.lookup, memory=self.policy_memory, law=plan.first)
+            policy = DynamicTree(k, self.cost_model(), lookup=req.lookup)
         most_nodes = (plan.tree.num_nodes + req.lookup) if plan.tree is not None else 1
         if policy is not None:
             most_nodes = policy.max_nodes + req.lookup

@@ -93,22 +93,12 @@ class MedusaHeads(nn.Module):
         A head is a draft: its rounding changes which tokens are proposed, never what the verifier
         accepts, so its precision is a speed choice. On a CPU the K projections are memory-bound
         matrix-vector products over K x V x H weights that the target's forward has just pushed out
-        of cache, and half-width weights move half the bytes (`cost.fastest_projection_dtype`
-        measures which is fastest). Shared heads use the target's own lm_head and are left alone.
+        of cache, and half-width weights move half the bytes. Shared heads use the target's own lm_head
+        and are left alone.
         """
         if not self.config.shared_lm_head:
             with torch.inference_mode(False), torch.no_grad():  # parameters, never inference tensors
                 self.lm_heads.to(dtype)
-
-    def projection_weights(self) -> list[torch.Tensor]:
-        """The K projections' weight tensors as stored now ([V, H] each); [] for shared heads."""
-        return [] if self.config.shared_lm_head else [head.weight.data for head in self.lm_heads]
-
-    def use_projection_weights(self, weights: list[torch.Tensor]) -> None:
-        """Run the projections from these [V, H] tensors (any dtype) without copying them, e.g. to time a
-        converted copy and then put the very tensors of `projection_weights()` back."""
-        for head, w in zip(self.lm_heads if not self.config.shared_lm_head else [], weights):
-            head.weight.data = w
 
     def project(self, k: int, x: torch.Tensor) -> torch.Tensor:
         """Head k's vocabulary projection of x [..., H] -> [..., V], in x's dtype."""

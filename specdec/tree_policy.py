@@ -32,7 +32,6 @@ draws: greedy output and the sampled law are exactly those of plain decoding, fo
 from __future__ import annotations
 
 import bisect
-import threading
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -71,8 +70,6 @@ TRIAL = {"greedy": 4, "sampled": 1}
 # below 0.8. Sampled: 1.0, where drafted heads pay only narrowly (or not) at a hot temperature.
 REST_BELOW = {"greedy": 0.8, "sampled": 1.0}
 GAIN_WEIGHT = 0.3  # how fast the running average of what the heads' nodes added to a tree follows new rounds
-MEMORY_KEEP = 0.5  # the share of the engine's calibration memory a finished request leaves in place
-WARM_SHARE = 0.5  # the share of that memory a new request starts from (its evidence then decays as its own)
 RANKS = 3  # calibration rows per head: rank 0, rank 1, ranks 2+ (a head's first guess is special)
 MIN_VALUE = 1e-4  # nodes less likely than this are never worth a slot
 # Rests of 4, 16, 64 rounds: a 64-token request at a temperature where the heads never pay
@@ -125,85 +122,6 @@ def head_scores(logits: torch.Tensor, params: SamplingParams, k: int = TOPK
     return q, top_i[:, :k], p[:, :k]
 
 
-def law_key(params: SamplingParams) -> tuple:
-    """Which requests share what they learn: greedy ones, or sampled ones under about the same law
-    (filters to 0.05). How often a sampled draft lands depends on the temperature and filters."""
-    if params.greedy:
-        return ("greedy",)
-    r = lambda x: round(x * 20) / 20  # noqa: E731
-    return ("sampled", r(params.temperature), params.top_k, r(params.top_p), r(params.min_p))
-
-
-class PolicyMemory:
-    """What finished requests taught the dynamic tree, engine-wide, for the next request to start from.
-
-    A request alone starts from fixed priors and needs a few dozen rounds to learn, per depth and
-    rank, how often its heads' guesses land: the deeper heads of distilled Medusa heads are right far
-    more often than their own probability says once the path above them was accepted (measured on
-    the embedded model: 2x at depths 3-4), and sampled drafts land less often than the heads' filtered
-    probability says. Started cold, a request drafts the wrong amount until it has learned that
-    again. So each finished request's calibration evidence is folded into this memory, per law
-    (`law_key`: how often a sampled draft lands depends on the temperature and filters), and a new
-    request starts from a share of it. Likewise the heads' rest schedule, per law and lookup length:
-    the next request goes on from where the last one left it, as if the requests were one stream.
-    Heads that failed their probes keep resting for the rest of their rest (at T = 1.0 on the
-    embedded model, a fresh schedule probed them one to three times a request, and they never
-    paid), and heads that were paying keep their running rate, so one unlucky first round does not
-    rest them (it did, in greedy decoding: the rate had nothing else to average with).
-
-    A tree never changes what a request emits (greedy: the argmax; sampling: each position's uniform,
-    `sampler.position_uniforms`), so sharing what sizes the trees across requests keeps every output
-    exact and every seeded output reproducible.
-    """
-
-    MAX_LAWS = 64  # laws remembered (sliders make many); the least recently learned go first
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._evidence: dict[tuple, tuple[list[list[float]], list[list[float]]]] = {}  # (kind, rows, law)
-        # (law, lookup) -> where the heads' rests stood when its last request ended: `DynamicTree.schedule`
-        self._schedule: dict[tuple, tuple[int, int, float | None]] = {}
-
-    def warm(self, policy: "DynamicTree") -> None:
-        """Start a new request from the memory of its law (when there is one)."""
-        with self._lock:
-            for kind in ("heads", "lookup"):
-                for mode in ("greedy", "sampled"):
-                    cal, law = policy.calibrator(kind, mode), policy.law_of(mode)
-                    found = self._evidence.get((kind, cal.rows, law)) if law is not None else None
-                    if found is not None:
-                        cal.start_from(*found, WARM_SHARE)
-            schedule = self._schedule.get((policy.law, policy.lookup))
-        if schedule is not None:
-            policy.resume(*schedule)
-
-    def learn(self, policy: "DynamicTree") -> None:
-        """Fold a finished request's evidence in (for the laws it decoded under)."""
-        with self._lock:
-            for kind in ("heads", "lookup"):
-                for mode in ("greedy", "sampled"):
-                    outcome, score = policy.calibrator(kind, mode).evidence()
-                    law = policy.law_of(mode)
-                    if law is None or not any(map(any, score)):
-                        continue
-                    key = (kind, len(score), law)
-                    old = self._evidence.pop(key, None)
-                    if old is not None:
-                        outcome = [[MEMORY_KEEP * a + b for a, b in zip(ra, rb)] for ra, rb in zip(old[0], outcome)]
-                        score = [[MEMORY_KEEP * a + b for a, b in zip(ra, rb)] for ra, rb in zip(old[1], score)]
-                    self._evidence[key] = (outcome, score)
-            if policy.law is not None:  # with prompt lookup the heads rest on other rounds: kept apart
-                key = (policy.law, policy.lookup)
-                self._schedule.pop(key, None)
-                self._schedule[key] = policy.schedule()
-            laws = list(dict.fromkeys(key[2] for key in self._evidence))  # least recently learned first
-            for gone in laws[: max(len(laws) - self.MAX_LAWS, 0)]:
-                for key in [k for k in self._evidence if k[2] == gone]:
-                    del self._evidence[key]
-            while len(self._schedule) > self.MAX_LAWS:
-                self._schedule.pop(next(iter(self._schedule)))
-
-
 @dataclass(frozen=True)
 class Choice:
     """One round's dynamic tree: head rank paths, how much of the lookup chain, and its worth."""
@@ -214,14 +132,9 @@ class Choice:
 
 
 class DynamicTree:
-    """One request's tree policy: calibration state and the heads' rest schedule.
+    """One request's tree policy: calibration state and the heads' rest schedule, learned from its own verdicts."""
 
-    Per request: its calibration starts from the engine's `PolicyMemory` (when given) and then
-    follows its own verdicts; its rests and rates are its own.
-    """
-
-    def __init__(self, num_heads: int, cost: CostModel, max_nodes: int | None = None, lookup: int = 0,
-                 memory: PolicyMemory | None = None, law: SamplingParams | None = None) -> None:
+    def __init__(self, num_heads: int, cost: CostModel, max_nodes: int | None = None, lookup: int = 0) -> None:
         self.cost = cost
         self.max_nodes = min(max_nodes or cost.max_nodes, cost.max_nodes)
         # The cost model is fixed for the request: a plain-round-style T(n) (heads excluded, their time
@@ -248,34 +161,6 @@ class DynamicTree:
         # What the heads' own nodes added to recent trees (running averages): expected tokens and nodes.
         self.heads_gain, self.heads_nodes = 0.0, 0.0
         self._chain_alone: tuple | None = None  # this round's lookup-only choice, from `wants_heads` for `choose`
-        self.law = law_key(law) if law is not None else None  # the request's first law: what it shares
-        if memory is not None and self.law is not None:
-            memory.warm(self)
-
-    def calibrator(self, kind: str, mode: str) -> Calibrator:
-        """The calibrator of "heads" or "lookup" nodes in "greedy" or "sampled" mode."""
-        return (self.heads_cal if kind == "heads" else self.lookup_cal)[mode]
-
-    def schedule(self) -> tuple[int, int, float | None]:
-        """Where the heads' rests stand: (the next rest's length, rounds of the current rest left, the
-        heads' running rate ÷ plain decoding's, None before any full round), for `resume`."""
-        ratio = None if self.heads_rate is None else self.heads_rate * self._round_s[0]
-        return self.backoff, self.rest, ratio
-
-    def resume(self, backoff: int, rest: int, ratio: float | None) -> None:
-        """Go on from another request's `schedule` (the last one under this law): its running rate, and,
-        where its heads had failed and not yet paid again, the rest of their rest, then a probe."""
-        if ratio is not None:
-            self.heads_rate = ratio / self._round_s[0]
-        if backoff > FIRST_REST:  # failed, and not back since (paying resets the backoff)
-            self.backoff = min(backoff, MAX_BACKOFF)
-            self.rest, self.probe = rest, True
-
-    def law_of(self, mode: str) -> tuple | None:
-        """The law a mode's calibrators learn under, as the memory files it (None: not known)."""
-        if mode == "greedy":
-            return ("greedy",)
-        return self.law if self.law is not None and self.law[0] == "sampled" else None
 
     @staticmethod
     def mode(greedy: bool) -> str:

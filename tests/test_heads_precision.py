@@ -11,9 +11,7 @@ import torch
 
 import specdec
 from conftest import make_model
-from specdec.cost import fastest_projection_dtype
 from specdec.heads import random_heads
-from specdec.target import TargetModel
 
 
 @pytest.fixture(scope="module")
@@ -55,31 +53,6 @@ def test_shared_heads_keep_the_target_lm_head(model):
     shared = random_heads(model, num_heads=2, shared_lm_head=True)
     shared.store_projections(torch.float16)
     assert shared.projection_dtype == torch.float32 == model.get_output_embeddings().weight.dtype
-
-
-def test_the_measured_choice_is_a_candidate_and_leaves_the_heads_as_they_were(model, heads):
-    target = TargetModel(model)
-    before = [w.clone() for w in heads.projection_weights()]
-    choice = fastest_projection_dtype(target, heads, reps=2)
-    assert choice in (torch.float32, torch.bfloat16, torch.float16)
-    assert heads.projection_dtype == torch.float32  # measuring times copies; the caller stores the choice
-    # the heads' own fp32 weights come back bit for bit (a round trip through fp16 would round them)
-    assert all(torch.equal(a, b) for a, b in zip(before, heads.projection_weights()))
-    # A margin nothing can beat keeps the heads' own dtype, however the timings fall.
-    assert fastest_projection_dtype(target, heads, reps=2, margin=0.0) == torch.float32
-    # Timed for a batched round's shared call too (one row and 4): the same guarantees.
-    assert fastest_projection_dtype(target, heads, reps=2, rows=4) in (torch.float32, torch.bfloat16, torch.float16)
-    assert heads.projection_dtype == torch.float32
-    assert all(torch.equal(a, b) for a, b in zip(before, heads.projection_weights()))
-    assert fastest_projection_dtype(target, heads, reps=2, margin=0.0, rows=4) == torch.float32
-
-
-def test_the_round_trip_control_is_caught(heads):
-    """Negative control for the check above: converting to fp16 and back does change fp32 weights."""
-    before = [w.clone() for w in heads.projection_weights()]
-    heads.store_projections(torch.float16)
-    heads.store_projections(torch.float32)
-    assert not all(torch.equal(a, b) for a, b in zip(before, heads.projection_weights()))
 
 
 def test_load_takes_an_explicit_dtype_and_refuses_a_bad_one(model, heads):

@@ -386,14 +386,12 @@ def dynamic_lookup_counts(model, n: int, seed0: int) -> tuple[np.ndarray, dict[i
     tree depends on t1, a token sampled by the prefill.
     """
     from specdec.cost import CostModel
-    from specdec.tree_policy import PolicyMemory
 
     counts = np.array([1, 2, 4, 8, 16, 32, 64])
     loaded = specdec.load(model, heads=None, device="cpu")
     loaded.engine.set_cost_model(CostModel(tuple(counts), tuple((1.0 + 0.15 * counts) / 1e3), 0.0, 0.0))
     out, chains = np.zeros((V, V)), {}
     for i in range(n):
-        loaded.engine.policy_memory = PolicyMemory()  # round 1 sized by the priors alone, in every run
         events = list(loaded.engine.stream(LOOKUP_PROMPT, 4, PARAMS.replace(seed=seed0 + i), tree="auto", lookup=3,
                                            eos_token_id=None))
         toks = [t.token_id for e in events for t in e.emitted]

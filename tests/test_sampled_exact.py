@@ -22,7 +22,6 @@ from conftest import ARCHS, PROMPTS, make_model
 from specdec.request import GenerationRequest
 from specdec.sampler import SamplingParams
 from specdec.scheduler import Scheduler
-from specdec.tree_policy import PolicyMemory
 from test_tree_policy import FREE, MODERATE
 
 N = 20
@@ -69,9 +68,6 @@ def test_speculative_sampling_emits_the_plain_runs_tokens(arch, tree, lookup, or
                 params = law.replace(seed=100 * s + len(prompt))
                 want, request = plain_then_oracle(loaded, prompt, params, key=s)
                 request = GenerationRequest(prompt, N, params, tree=tree, lookup=lookup, eos_token_id=None)
-                # A fresh memory: an earlier run's failed probes would rest the heads of this one, and
-                # this test wants drafts (test_tree_policy checks exactness under a warm memory).
-                loaded.engine.policy_memory = PolicyMemory()
                 assert tokens(loaded.engine, request) == want, (tree, lookup, law, s, prompt)
                 share.append(drafted_share(loaded.engine, request))
     if tree != "none":  # lookup alone drafts only where the sampled text repeats

@@ -541,9 +541,6 @@ def mixed_counts(model, n: int, seed0: int) -> dict[str, np.ndarray]:
     """(t2, t3) counts per kind over n requests of each, interleaved in batches of 8."""
     loaded = specdec.load(model, heads="random", device="cpu")
     loaded.engine.set_cost_model(MODERATE)
-    # Every request cold, as a request alone: with the memory of those before it, the random heads
-    # would rest from the first round on, and the trees (and the graphs' control) would have nothing to test.
-    loaded.engine.policy_memory = None
     counts = {k: np.zeros((V, V)) for k in KINDS}
     with Scheduler(loaded.engine, max_batch_size=8) as s:
         tickets = [(k, s.submit(GenerationRequest(CONTEXT + [ROOT], 4, params=p.replace(seed=seed0 + i),
