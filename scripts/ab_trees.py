@@ -57,12 +57,13 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=7)
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--modes", default="greedy,sampled")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     workers = {"old": Worker(Path(args.old).resolve()), "new": Worker(Path(args.new).resolve())}
     out = {}
     try:
-        for mode in ("greedy", "sampled"):
+        for mode in args.modes.split(","):
             for w in workers.values():  # warm-up
                 w.run(sampled=mode == "sampled", seed=0, prompts=2, tokens=32)
             rates = {"old": [], "new": []}
