@@ -222,7 +222,7 @@ def best_first(acc: list[list[float]], lookup: list[float], budget: int, min_val
 
     def push(kind: str, path: tuple, parent_value: float, factor: float, sib: int) -> None:
         nonlocal tie
-        if parent_value * factor >= min_value and parent_value * factor > 0:
+        if parent_value * factor >= min_value:
             heapq.heappush(heap, (-parent_value * factor, tie, kind, path, sib, parent_value))
             tie += 1
 
