@@ -21,32 +21,28 @@ pytestmark = pytest.mark.train  # deselected by the quick loop (-m "not slow"); 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    """A tiny random Llama with the embedded tokenizer, saved like any HF checkpoint."""
-    d = tmp_path_factory.mktemp("tiny")
+def _tiny_llama(d: Path, **config) -> Path:
+    """A tiny random Llama with the embedded tokenizer, saved in `d` like any HF checkpoint."""
     tok = AutoTokenizer.from_pretrained(ROOT / "assets" / "model")
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
-                      eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+                      eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id,
+                      **config)
     LlamaForCausalLM(cfg).save_pretrained(d)
     tok.save_pretrained(d)
     return d
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    return _tiny_llama(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")
 def peaked_model_dir(tmp_path_factory):
     """The tiny Llama with large weights: peaked laws, so a drafter has something to learn in a few steps."""
-    d = tmp_path_factory.mktemp("peaked")
-    tok = AutoTokenizer.from_pretrained(ROOT / "assets" / "model")
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
-                      initializer_range=0.3, eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.eos_token_id)
     torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
+    return _tiny_llama(tmp_path_factory.mktemp("peaked"), initializer_range=0.3)
 
 
 def test_heads_command_trains_for_a_model_path(tiny_model_dir, tmp_path):
