@@ -260,7 +260,9 @@ def test_desktop_toasts_every_token_replay_and_the_race(url, browser):
         const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
         return {visible: hit === last || last.contains(hit), wide: spans.filter(s => s.getBoundingClientRect().right > b.right + 1).length}; }""")
     assert seen == {"visible": True, "wide": 0}, seen
-    # The sampler view followed the run: it shows where the last token was drawn, that token starred.
+    # The sampler view followed the run: it shows where the last token was drawn, that token starred
+    # (computed after the run's last update: waited for, with a deadline).
+    wait_text(page, "#sampler-plot .gtitle", "where the run's last token", 30_000)
     sampler = page.locator("#sampler-plot .gtitle").first.text_content()
     assert "where the run's last token" in sampler and "★" in page.locator("#sampler-plot").text_content()
 
