@@ -205,6 +205,16 @@ def wait_text(page, selector: str, words: str, timeout: int = 90_000) -> None:
         raise AssertionError(f"{words!r} never appeared in {selector}; it shows {shown!r}") from e
 
 
+def wait_value(page, elem_id: str, value: str, timeout: int = 30_000) -> None:
+    """Until a slider's number box shows `value`; on a timeout, say what it shows instead."""
+    sel = f"#{elem_id} input[type=number]"
+    try:
+        page.wait_for_function("([sel, v]) => document.querySelector(sel).value === v", arg=[sel, value],
+                               timeout=timeout)
+    except Exception as e:
+        raise AssertionError(f"#{elem_id} never showed {value!r}; it shows {page.locator(sel).input_value()!r}") from e
+
+
 def in_view(page, selector: str) -> bool:
     return page.evaluate("""(sel) => { const r = document.querySelector(sel).getBoundingClientRect();
         return r.height > 0 && r.top >= -2 && r.top < window.innerHeight; }""", selector)
@@ -233,8 +243,7 @@ def test_desktop_toasts_every_token_replay_and_the_race(url, browser):
     # Out-of-range typed values: a toast that names the range (was: a silent 500 from /set_sampling).
     set_number(page, "temperature", 5)
     wait_text(page, ".toast-body", "`temperature` must be in [0.0, 2.0], got 5", 30_000)
-    page.wait_for_function("() => document.querySelector('#temperature input[type=number]').value === '0.7'",
-                           timeout=10_000)  # the box shows the temperature in use again
+    wait_value(page, "temperature", "0.7")  # the box shows the temperature in use again
     set_number(page, "top-p", 0)
     wait_text(page, ".toast-body", "`top_p` must be in (0, 1]", 30_000)  # the sampler's own check
     # The greedy rule ignores temperature: its slider is greyed out.
@@ -456,13 +465,11 @@ def test_stale_errors_and_typed_values_out_of_range(url, browser):
     # max new tokens 0: a toast, and the box shows the value the next run uses
     set_number(page, "max-new", 0)
     wait_text(page, ".toast-body", "`max_new_tokens` must be in [1, 512], got 0", 30_000)
-    page.wait_for_function("() => document.querySelector('#max-new input[type=number]').value === '1'",
-                           timeout=10_000)
+    wait_value(page, "max-new", "1")
     # temperature 99: a toast, and the box shows the temperature in use again
     set_number(page, "temperature", 99)
     wait_text(page, ".toast-body", "`temperature` must be in [0.0, 2.0], got 99", 30_000)
-    page.wait_for_function("() => document.querySelector('#temperature input[type=number]').value === '0.7'",
-                           timeout=10_000)
+    wait_value(page, "temperature", "0.7")
     # an empty prompt: the UI's words
     page.locator("#prompt textarea").fill("")
     page.click("#generate-btn")
