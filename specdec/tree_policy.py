@@ -40,7 +40,7 @@ import torch
 from .calibration import BIN_EDGES, Calibrator
 from .cost import CostModel
 from .draft_tree import best_first
-from .sampler import SamplingParams
+from .sampler import SamplingParams, target_probs
 
 TOPK = 10  # candidates per head considered each round
 # The ratio of acceptance to score before any evidence. Heads distilled on a target's outputs are
@@ -79,20 +79,12 @@ MIN_VALUE = 1e-4  # nodes less likely than this are never worth a slot
 MAX_BACKOFF = 64  # rounds the heads rest at most before they are tried again
 FIRST_REST = 4
 STRONG = 1.5  # a single full round this much faster than plain brings the heads straight back
-SCORE_PREFIX = 64  # tokens per head the filters are applied to when scoring
-
-
 def head_scores(logits: torch.Tensor, params: SamplingParams, k: int = TOPK
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each head's top-k candidates, their softmax q (shown in the UI) and their score.
 
-    The score is the candidate's probability under the round's filters (temperature, then top-k,
-    top-p and min-p, renormalised after each, as `sampler.filter_logits` does) applied to the
-    head's law, or q itself when decoding greedily. The filters see only each head's top
-    SCORE_PREFIX tokens: the full filter sorts the whole vocabulary when a law is flat (1 ms a
-    round on a CPU), and a score only has to rank and size the tree, not be sampled from. It is
-    exact whenever each cutoff falls inside the prefix; beyond it, the nucleus mass is taken as
-    top_p, its lower bound.
+    The score is the candidate's probability under the round's filters applied to the head's law
+    (`sampler.target_probs`, the law the target is verified with), or q itself when decoding greedily.
 
     Args:
         logits: [D, V] head logits.
@@ -100,26 +92,10 @@ def head_scores(logits: torch.Tensor, params: SamplingParams, k: int = TOPK
         q [D, k] float32, token ids [D, k] long, score [D, k] float32.
     """
     x = logits.float()
-    # Greedy scores are q itself: no filters, so no prefix beyond the k candidates.
-    m = min(k if params.greedy else SCORE_PREFIX, x.shape[-1])
-    k = min(k, m)
-    top_l, top_i = torch.topk(x, m, dim=-1)  # [D, m], descending
-    q = (top_l[:, :k] - torch.logsumexp(x, -1, keepdim=True)).exp()  # [D, k]
+    q, ids = torch.softmax(x, -1).topk(min(k, x.shape[-1]), dim=-1)  # [D, k] each
     if params.greedy:
-        return q, top_i, q
-    inv_t = 1.0 / params.temperature
-    p = (top_l * inv_t - torch.logsumexp(x * inv_t, -1, keepdim=True)).exp()  # [D, m] tempered law of the prefix
-    if 0 < params.top_k:
-        p = torch.where(torch.arange(m, device=x.device) < params.top_k, p, 0.0)
-        p = p / p.sum(-1, keepdim=True) if params.top_k <= m else p
-    if params.top_p < 1:
-        before = torch.cumsum(p, -1) - p  # [D, m] mass sorted before each token
-        kept = torch.where(before < params.top_p, p, 0.0)
-        p = kept / kept.sum(-1, keepdim=True).clamp_min(params.top_p)
-    if params.min_p > 0:
-        kept = torch.where(p >= params.min_p * p[:, :1], p, 0.0)
-        p = kept / kept.sum(-1, keepdim=True).clamp_min(1e-30)
-    return q, top_i[:, :k], p[:, :k]
+        return q, ids, q
+    return q, ids, target_probs(x, params).gather(-1, ids)
 
 
 @dataclass(frozen=True)
