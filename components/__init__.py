@@ -5,8 +5,8 @@ Everything here reaches the model through the engine's narrow face (`Engine.info
 served by its own process) and reads plain values only.
 """
 from .handlers import Handlers
-from .plots import (accepted_length_figure, depth_acceptance_figure, empty_figure, sampler_figure, throughput_figure,
-                    tree_figure)
+from .draft_tree_figure import tree_figure
+from .plots import accepted_length_figure, depth_acceptance_figure, empty_figure, sampler_figure, throughput_figure
 from .session import Session, Settings
 from .tokens import legend_html, render_round, render_tokens
 

@@ -18,8 +18,9 @@ from typing import Callable, Iterable
 import gradio as gr
 
 import specdec
-from . import Handlers, Session, layout, plots, serving
+from . import Handlers, Session, layout, serving
 from .app_args import parse_args, prefix_cache_bytes
+from .draft_tree_figure import tree_figure
 from .pace import UI_PACE
 from .texts import API, CLEAR_DETAIL_JS, SCROLL_TO_RACE_JS
 from specdec.batch import FaultHook
@@ -103,7 +104,7 @@ def build_demo(loaded: specdec.Loaded, *, max_prompt_tokens: int = 512, queue_si
                 race = layout.compare_box()  # below the run's views: the output is not Compare's
             with gr.Column(scale=4, min_width=320, elem_id="side-col"):
                 rounds = layout.round_controls()
-                tree_plot = gr.Plot(plots.tree_figure(None), label="Draft tree of the round", elem_id="tree-plot")
+                tree_plot = gr.Plot(tree_figure(None), label="Draft tree of the round", elem_id="tree-plot")
                 nodes = layout.node_table()
                 sampler_plot = gr.Plot(label="Sampler view", elem_id="sampler-plot")
                 c = layout.settings_panel(d, h.tree_choices, live)

@@ -21,6 +21,7 @@ from specdec.stats import accepted_by_lookup, is_lossy, summarize
 
 from . import plots
 from .compare import COMPARE_HINT, RaceView
+from .draft_tree_figure import tree_figure
 from .gate import open_gate
 from .node_table import node_table_html
 from .pace import Feed, Pacer, check_pace, stale
@@ -287,7 +288,7 @@ class Handlers(RoundViews, SamplerView, RaceView):
                 at = ev
             else:  # live: the newest round that verified a tree (the last rounds can be plain)
                 at = next((e for e in reversed(events) if e.nodes), ev)
-            shown.update(tree=plots.plot_data(plots.tree_figure(at)), slider=at.index, range=round_slider(run, at.index, len(events)),
+            shown.update(tree=plots.plot_data(tree_figure(at)), slider=at.index, range=round_slider(run, at.index, len(events)),
                          info=round_markdown(at), style=highlight_css(at.index), nodes=node_table_html(at))
         if charts:
             shown["charts"] = tuple(plots.plot_data(f(events)) for f in (
@@ -322,7 +323,7 @@ class Handlers(RoundViews, SamplerView, RaceView):
     def clear(self, prompt, temperature, top_k, top_p, min_p, acceptance, chat, session: Session) -> tuple:
         """Forget the last run; the sampler view goes back to the position after the prompt."""
         session.clear()
-        empty = plots.tree_figure(None)
+        empty = tree_figure(None)
         try:
             sampler = self.sampler_view(prompt, temperature, top_k, top_p, min_p, acceptance, chat, session)
         except gr.Error:

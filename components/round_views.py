@@ -10,6 +10,7 @@ import time
 import gradio as gr
 
 from . import plots
+from .draft_tree_figure import tree_figure
 from .node_table import node_table_html
 from .replay import highlight_css, longest_accept, next_rejection, round_markdown
 from .session import Run, Session
@@ -32,7 +33,7 @@ def round_index(value) -> int:
 def round_view(run: Run, i: int) -> tuple:
     """Round i: its tree, narration, full event, the slider, its tokens outlined, and its nodes' table."""
     ev = run.events[i]
-    return (plots.tree_figure(ev), round_markdown(ev), ev.to_dict(), round_slider(run, i), highlight_css(i),
+    return (tree_figure(ev), round_markdown(ev), ev.to_dict(), round_slider(run, i), highlight_css(i),
             node_table_html(ev))
 
 
@@ -46,7 +47,7 @@ class RoundViews:
         run = session.run
         i = round_index(index)
         if run is None or not run.events:
-            return plots.tree_figure(None), "", None, round_slider(None, 0), "", node_table_html(None)
+            return tree_figure(None), "", None, round_slider(None, 0), "", node_table_html(None)
         return round_view(run, max(0, min(i, len(run.events) - 1)))
 
     def show_round_api(self, index, session: Session) -> tuple:

@@ -16,6 +16,7 @@ import torch
 
 import specdec
 from components import plots
+from components.draft_tree_figure import tree_figure
 from conftest import P0, lookup_event, plain_event, prefill_event, run_events, tree_event
 from specdec import SamplingParams
 from specdec.sampler import filter_stages
@@ -31,9 +32,9 @@ def plain(fig: go.Figure) -> dict:
 
 
 def figures(events: list, rows: list[dict], params: dict) -> list[go.Figure]:
-    out = [plots.tree_figure(None), plots.accepted_length_figure([]), plots.depth_acceptance_figure([]),
+    out = [tree_figure(None), plots.accepted_length_figure([]), plots.depth_acceptance_figure([]),
            plots.throughput_figure([]), plots.sampler_figure([], str, {})]
-    out += [plots.tree_figure(ev) for ev in events]
+    out += [tree_figure(ev) for ev in events]
     for k in (1, 2, len(events)):
         out += [plots.accepted_length_figure(events[:k]), plots.depth_acceptance_figure(events[:k]),
                 plots.throughput_figure(events[:k])]

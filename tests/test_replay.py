@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from components import plots
+from components.draft_tree_figure import tree_figure
 from components.handlers import round_markdown
 from conftest import P0, by_name, plain_event, prefill_event, tree_event
 from specdec import EmittedToken, RoundEvent
@@ -37,7 +37,7 @@ def test_narration_says_what_the_round_did_and_the_rule_per_node():
     assert narrate(prefill_event()).startswith("Round 0 is the prefill: the target read the 4-token prompt")
     assert "Plain decoding" in narrate(plain_event(2))
     # the tree's hover carries the same rule
-    hover = [c[8] for c in by_name(plots.tree_figure(ev))["accepted"].customdata]
+    hover = [c[8] for c in by_name(tree_figure(ev))["accepted"].customdata]
     assert hover[0].startswith("accepted:<br>the target's own draw here was this token (chance p(x) = 0.700")
 
 
