@@ -1,19 +1,16 @@
 """Every KV-cache manipulation specdec does, in one place.
 
-Tested with transformers 5.23 (`DynamicCache` made of `DynamicLayer`s whose
-`keys`/`values` are [B, H, T, Dh]). The cache API moved between 5.17 and
-5.24 (`crop` now takes a negative count; the model kwarg is being renamed),
-so nothing outside this module touches cache internals.
+Tested with transformers 5.23 (`DynamicCache` made of `DynamicLayer`s whose `keys`/`values` are
+[B, H, T, Dh]). The cache API moved between 5.17 and 5.24 (`crop` now takes a negative count; the
+model kwarg is being renamed), so nothing outside this module touches cache internals.
 
-After a tree forward the cache holds the committed prefix followed by all
-N tree nodes. `keep_path` gathers the accepted nodes' entries into the
-slots right after the prefix and drops the rest: a gather, not a crop,
-because the accepted nodes need not be the first ones in tree order.
+After a tree forward the cache holds the committed prefix followed by all N tree nodes. `keep_path`
+gathers the accepted nodes' entries into the slots right after the prefix and drops the rest: a
+gather, not a crop, because the accepted nodes need not be the first ones in tree order.
 
-Sliding-window (and chunked) attention layers get a plain full-history
-layer too: HF's sliding layer drops old entries as it goes, which a tree
-rollback cannot undo. Within the smallest window the window hides nothing,
-so the result is exact there; `Engine` refuses requests that would outrun it.
+Sliding-window (and chunked) attention layers get a plain full-history layer too: HF's sliding layer
+drops old entries as it goes, which a tree rollback cannot undo. Within the smallest window the
+window hides nothing, so the result is exact there; `Engine` refuses requests that would outrun it.
 Which layers a model has, and which it cannot roll back, is `specdec.attention`.
 """
 from __future__ import annotations
