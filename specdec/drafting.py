@@ -1,13 +1,13 @@
 """The draft step: which drafters propose a round's tree, and how their proposals merge under one budget.
 
-Three drafters propose: the Medusa heads (from the hidden state of the last accepted token), the
-EAGLE-3 drafter (`eagle.Eagle3Drafter`, from the target's tapped features and its own KV cache), and
-prompt lookup (`lookup.NgramIndex`: the tokens that followed the last occurrence of the context's
-suffix n-gram). A static tree is a fixed policy: the heads fill a preset's shape. The "auto" policy
-(`tree_policy.DynamicTree`) scores the heads' candidates and the lookup chain together and keeps the
-nodes worth most tokens per second under the measured cost model; EAGLE-3 grows its own EAGLE-2 tree. A
-lookup chain is merged into any of them (`lookup_mode="merge"`), or drafts alone when the context
-repeats ("first"). Every choice is a function of committed tokens and the round's params, so output
+Three drafters implement `drafter.Drafter`: the Medusa heads on a fixed tree (`HeadsDrafter`, from the
+hidden state of the last accepted token), EAGLE-3 (`eagle.Eagle3Drafter`, from the target's tapped
+features and its own KV cache) and prompt lookup (`lookup.LookupDrafter`: the tokens that followed the
+last occurrence of the context's suffix n-gram). A static preset is a fixed policy: the request's
+drafter proposes, and the lookup chain is merged into its tree (`lookup_mode="merge"`) or drafts alone
+when the context repeats ("first"). The "auto" policy (`tree_policy.DynamicTree`) scores the heads'
+candidates and the lookup chain together and keeps the nodes worth most tokens per second under the
+measured cost model. Every choice is a function of committed tokens and the round's params, so output
 stays exact whatever is drafted.
 """
 from __future__ import annotations
@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from .draft_tree import Tree, build_tree, candidates, graft_chain, merge_chain
+from .drafter import Proposal
+from .lookup import LOOKUP
 from .request import ROOT_ONLY
 from .run_state import Draft, RunState
 from .sampler import SamplingParams
@@ -42,34 +44,69 @@ class ChainNode(NamedTuple):
 
 
 def draft(engine: "Engine", run: "RunState", params: SamplingParams) -> "Draft":
-    """Step 1: the round's tree and tokens: heads, prompt lookup, or the root alone (a plain round)."""
+    """Step 1: the round's tree and tokens: the request's drafter, prompt lookup, or the root alone (a plain
+    round)."""
     plan, req = run.plan, run.plan.request
     # The root (pending) goes at position `committed`; a depth-d node at committed + d.
     room = min(req.max_new_tokens - run.produced - 1, run.limit - 1 - run.committed)
     if plan.tree is None or room < 1:  # plain decoding, or the last token: nothing to draft
         return Draft(ROOT_ONLY, [run.pending], [None], drafted=False,
                      expected=1.0 if run.policy is not None else None)
-    chain, match = run.ngram.match(min(req.lookup, room)) if run.ngram is not None else ([], 0)
-    if run.eagle is not None:
-        return _eagle(engine, run, chain, match, room)
+    chain = LOOKUP.propose(run.ngram, run.pending, min(req.lookup, room)) if run.ngram is not None else None
     if run.policy is not None:
-        return _dynamic(engine, run, params, chain, match, room)
-    tree = plan.tree if plan.tree.max_depth <= room else plan.tree.truncated(room)
-    if chain and req.lookup_mode == "first":
-        tree = ROOT_ONLY  # the context repeats: skip the heads' cost this round
-    heads_ran = 1.0 if tree.num_nodes > 1 else 0.0
-    tokens, q = _fill(engine, tree, run)
-    if chain:
-        tree, tokens = graft(tree, tokens, chain)
+        return _dynamic(engine, run, params, chain, room)
+    drafter, state = (engine.eagle_drafter, run.eagle) if run.eagle is not None else (engine.heads_drafter, run)
+    main = None
+    if drafter is not None and (chain is None or req.lookup_mode != "first"):  # "first": a repeating context
+        main = drafter.propose(state, run.pending, room)  # drafts the chain alone
+    tree, tokens, q = merged(main, chain)
+    if tree.num_nodes == 1:
+        return Draft(ROOT_ONLY, [run.pending], [None], drafted=False)
+    return Draft(tree, tokens, q, drafted=True, heads_ran=1.0 if main is not None and main.source == "heads" else 0.0,
+                 match=chain.match if chain is not None else 0, source=drafter.source if drafter else "heads")
+
+
+def merged(main: Proposal | None, chain: Proposal | None) -> tuple[Tree, list[int], list[float | None]]:
+    """One tree from a drafter's proposal and a lookup chain: the chain's tokens follow the tree's nodes as far
+    as they match, and what does not match is grafted as new nodes (either alone: itself; neither: the root)."""
+    if main is None:
+        main = chain
+        chain = None
+    if main is None:
+        return ROOT_ONLY, [-1], [None]
+    tree, tokens, q = main.tree, list(main.tokens), list(main.q)
+    if chain is not None:
+        tree, tokens = graft(tree, tokens, chain.tokens[1:])
         q += [None] * (len(tokens) - len(q))
-    return Draft(tree, tokens, q, drafted=True, heads_ran=heads_ran, match=match if chain else 0)
+    return tree, tokens, q
 
 
-def _dynamic(engine: "Engine", run: "RunState", params: SamplingParams, chain: list[int], match: int, room: int
-                   ) -> "Draft":
-    """Step 1 under the "auto" policy: score the heads' candidates, let the policy pick the tree
-    (`match`: the length of the n-gram the lookup chain follows)."""
+class HeadsDrafter:
+    """The Medusa heads behind the `drafter.Drafter` interface on the request's fixed tree (a static
+    preset): head d's rank-r candidate fills each depth-(d + 1) node of rank r (`draft_tree.candidates`)."""
+
+    source = "heads"
+
+    def __init__(self, engine: "Engine") -> None:
+        self.engine = engine
+
+    def propose(self, state: "RunState", root: int, room: int) -> Proposal | None:
+        tree = state.plan.tree if state.plan.tree.max_depth <= room else state.plan.tree.truncated(room)
+        if tree.num_nodes == 1:
+            return None
+        with torch.inference_mode():
+            tokens, q = candidates(root, _heads_logits(self.engine, state), tree)  # [N], [N]
+        q_list = q.tolist()
+        q_list[0] = None
+        return Proposal(tree, tokens.tolist(), q_list, self.source)
+
+
+def _dynamic(engine: "Engine", run: "RunState", params: SamplingParams, proposal: Proposal | None, room: int
+             ) -> "Draft":
+    """Step 1 under the "auto" policy: score the heads' candidates, let the policy pick the tree from them and
+    the lookup `proposal` under one budget."""
     policy, scores, top = run.policy, None, None
+    chain, match = (proposal.tokens[1:], proposal.match) if proposal is not None else ([], 0)
     k = policy.wants_heads(len(chain), room, params.greedy, match) if engine.heads is not None else 0
     if k:
         with torch.inference_mode():
@@ -97,32 +134,6 @@ def _dynamic(engine: "Engine", run: "RunState", params: SamplingParams, chain: l
     return Draft(tree, tokens, q, drafted=True, learn=tuple(learn), expected=choice.expected,
                  heads_ran=k / engine.heads.config.num_heads if k else 0.0, match=match if chain else 0,
                  candidates=(scores, top[1]) if scores is not None and params.greedy else None)
-
-
-def _eagle(engine: "Engine", run: "RunState", chain: list[int], match: int, room: int) -> "Draft":
-    """Step 1 with the EAGLE-3 drafter: its EAGLE-2 tree, a lookup chain grafted in or ("first") alone."""
-    tree, tokens, q = ROOT_ONLY, [run.pending], [None]
-    if not (chain and run.plan.request.lookup_mode == "first"):
-        grown = engine.eagle_drafter.propose(run.eagle, run.pending, room)
-        if grown is not None:
-            tree, tokens, q = grown.tree, grown.tokens, grown.q
-    if chain:
-        tree, tokens = graft(tree, tokens, chain)
-        q = q + [None] * (len(tokens) - len(q))
-    if tree.num_nodes == 1:
-        return Draft(ROOT_ONLY, [run.pending], [None], drafted=False)
-    return Draft(tree, tokens, q, drafted=True, match=match if chain else 0, source=engine.eagle_drafter.source)
-
-
-def _fill(engine: "Engine", tree: Tree, run: "RunState") -> tuple[list[int], list[float | None]]:
-    """The heads fill the tree: N tokens and their draft probabilities (None at the root)."""
-    if tree.num_nodes == 1:  # prompt lookup alone: no heads to run
-        return [run.pending], [None]
-    with torch.inference_mode():
-        tokens, q = candidates(run.pending, _heads_logits(engine, run), tree)  # [N], [N]
-    q_list = q.tolist()
-    q_list[0] = None
-    return tokens.tolist(), q_list
 
 
 def _heads_logits(engine: "Engine", run: "RunState", k: int | None = None) -> torch.Tensor:

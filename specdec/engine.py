@@ -28,7 +28,7 @@ import torch
 
 from . import cost as cost_mod
 from . import eagle as eagle_mod
-from . import kv_cache, prefill
+from . import drafting, kv_cache, prefill
 from .batch import Batch, Member
 from .detok import IncrementalDecoder
 from .draft_tree import PRESETS, Tree, resolve_tree
@@ -72,6 +72,7 @@ class Engine:
         self.heads = heads
         self.eagle = eagle
         self.eagle_drafter = eagle_mod.Eagle3Drafter(eagle, eagle_shape) if eagle is not None else None
+        self.heads_drafter = drafting.HeadsDrafter(self) if heads is not None else None
         if eagle is not None:
             target.use_taps(eagle.config.layers)
         if default_drafter not in (None, "medusa", "eagle3") or (default_drafter == "medusa" and heads is None) \

@@ -2,15 +2,19 @@
 
 Code, chat transcripts and small models repeat themselves, and n-gram
 matching drafts those repeats for free (no weights, no forward), as in
-Saxena's prompt lookup decoding and HF's `prompt_lookup_num_tokens`. The
-engine grafts the proposed chain into the heads' tree (`graft_chain`), so
-one verify pass checks both drafters, or drafts with the chain alone when
-the context has a match (the engine's `lookup_mode`).
+Saxena's prompt lookup decoding and HF's `prompt_lookup_num_tokens`.
+`LookupDrafter` proposes the chain behind the `drafter.Drafter` interface;
+the draft step grafts it into another drafter's tree, so one verify pass
+checks both, or drafts with the chain alone when the context has a match
+(the request's `lookup_mode`).
 
 A proposal is a deterministic function of the committed tokens, so it is
 a point-mass draft and the verifier's rules stay lossless unchanged.
 """
 from __future__ import annotations
+
+from .draft_tree import graft_chain
+from .drafter import Proposal
 
 # Tokens proposed per round by `specdec.generate`, the CLI and the app (HF's
 # `prompt_lookup_num_tokens` is commonly 10 too). The Engine itself defaults to 0.
@@ -68,3 +72,19 @@ class NgramIndex:
                     out.append(toks[j] if j < len(toks) else out[j - len(toks)])
                 return out, n
         return [], 0
+
+
+class LookupDrafter:
+    """Prompt lookup behind the `drafter.Drafter` interface: a chain of the tokens that followed the
+    context's longest matching suffix n-gram, as long as the room allows."""
+
+    source = "lookup"
+
+    def propose(self, state: NgramIndex, root: int, room: int) -> Proposal | None:
+        chain, n = state.match(room)
+        if not chain:
+            return None
+        return Proposal(graft_chain((), 0, len(chain)), [root, *chain], [None] * (len(chain) + 1), self.source, n)
+
+
+LOOKUP = LookupDrafter()

@@ -10,7 +10,10 @@ import pytest
 import specdec
 import specdec.draft_tree as draft_tree_mod
 from conftest import ARCHS, PROMPTS, hf_greedy, make_model
-from specdec.lookup import DEFAULT_LOOKUP, NgramIndex
+from specdec.draft_tree import build_tree
+from specdec.drafter import Proposal
+from specdec.drafting import merged
+from specdec.lookup import DEFAULT_LOOKUP, LOOKUP, NgramIndex
 
 N = 32
 
@@ -55,6 +58,27 @@ def test_match_names_the_length_of_the_ngram_the_chain_follows():
     for n in (1, 2, 3):
         idx = NgramIndex(toks, n)
         assert idx.propose(3) == idx.match(3)[0]
+
+
+def test_the_lookup_drafter_proposes_the_chain_as_a_tree_of_lookup_nodes():
+    p = LOOKUP.propose(NgramIndex([1, 2, 3, 4, 1, 2], 3), 7, 4)
+    assert (p.tokens, p.tree.parent, p.tree.lookup, p.match, p.source) == ([7, 3, 4, 1, 2], (-1, 0, 1, 2, 3),
+                                                                          (1, 2, 3, 4), 2, "lookup")
+    assert p.q == [None] * 5  # point-mass drafts
+    assert len(LOOKUP.propose(NgramIndex([1, 2, 3, 4, 1, 2], 3), 7, 2).tokens) == 3  # the room bounds the chain
+    assert LOOKUP.propose(NgramIndex([7, 8, 9], 3), 9, 4) is None
+
+
+def test_a_chain_merges_into_a_proposal_as_far_as_it_matches():
+    tree = build_tree(((0,), (1,), (0, 0)))  # root, two depth-1 candidates, one depth-2 under the first
+    heads = Proposal(tree, [7, 3, 5, 4], [None, 0.5, 0.2, 0.4], "heads")
+    chain = LOOKUP.propose(NgramIndex([1, 2, 3, 4, 9, 1, 2], 3), 7, 3)  # 3 4 9: 3 and 4 are in the tree
+    tree2, tokens, q = merged(heads, chain)
+    assert tokens == [7, 3, 5, 4, 9] and q == [None, 0.5, 0.2, 0.4, None]
+    assert tree2.parent[4] == 3 and tree2.lookup == (4,)  # 9 grafted under the tree's "3 4"
+    alone = merged(None, chain)
+    assert alone[1] == [7, 3, 4, 9] and alone[0].lookup == (1, 2, 3)
+    assert merged(heads, None)[1] == heads.tokens and merged(None, None)[0].num_nodes == 1
 
 
 def test_incremental_index_matches_the_definition():
