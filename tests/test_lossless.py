@@ -304,7 +304,7 @@ def test_engine_with_half_precision_heads_is_lossless(model, joint_after_first):
 @pytest.mark.slow
 def test_half_precision_heads_negative_control_ignores_top_p(model, joint_after_first, monkeypatch):
     monkeypatch.setattr(verifier_mod, "target_probs", ignore_top_p)
-    counts = engine_counts(model, "default", 2 * N_ENGINE, seed0=40_000, heads_dtype="float16")
+    counts = engine_counts(model, "default", N_ENGINE, seed0=40_000, heads_dtype="float16")
     p = chi2_pvalue(counts, joint_after_first)
     print(f"\n[engine, fp16 heads] ignore-top-p control p = {p:.4g}")
     assert p < FAIL_P
