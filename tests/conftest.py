@@ -24,12 +24,16 @@ from specdec.lookup import DEFAULT_LOOKUP
 
 # Finer markers of the slow integration tests; each implies `slow`, so `-m "not slow"` (the quick
 # loop) leaves them all out, and `-m "not browser"` just the one kind.
-SLOW_KINDS = ("server", "browser", "bench", "train", "install")
+SLOW_KINDS = ("server", "browser", "bench", "train", "install", "process")
 
 
 def pytest_collection_modifyitems(items) -> None:
     for item in items:
         if any(item.get_closest_marker(kind) for kind in SLOW_KINDS):
+            item.add_marker(pytest.mark.slow)
+        # A sweep over ARCHS runs its first architecture in the quick loop, every one in the full suite.
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.indices.get("arch", 0) > 0:
             item.add_marker(pytest.mark.slow)
 
 

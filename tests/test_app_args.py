@@ -57,6 +57,7 @@ def test_main_measures_the_cost_model_while_the_server_starts(monkeypatch, torch
     loaded.scheduler.close()
 
 
+@pytest.mark.process  # "on" starts the engine process
 @pytest.mark.parametrize("where", ["off", "on"])
 def test_main_names_why_a_model_is_refused(monkeypatch, tmp_path, where):
     """A model specdec cannot run exactly (here BLOOM: ALiBi cannot take a tree mask) stops the app at

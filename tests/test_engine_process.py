@@ -26,7 +26,7 @@ from specdec.supervisor import FIRST_DELAY, HEALTHY, MAX_DELAY, backoff
 
 from conftest import wait_until
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.process]
 
 PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, x):", "import os\n\ndef list_files(path):",
            "for i in range(10):"]

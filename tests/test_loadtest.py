@@ -23,6 +23,7 @@ def test_bad_counts_are_refused(flag):
         loadtest.parse_args([flag, "0"])
 
 
+@pytest.mark.bench
 def test_engine_mode_runs_both_sizes_with_identical_outputs():
     args = loadtest.parse_args(["--engine", "--clients", "3", "--requests", "1", "--max-new-tokens", "6",
                                 "--max-batch-size", "3", "--repeats", "1"])

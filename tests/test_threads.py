@@ -47,11 +47,13 @@ def _added_by_a_product(mode: str) -> int:
 
 
 @needs_cores
+@pytest.mark.process
 def test_load_leaves_the_callers_thread_without_a_pool():
     assert _added_by_a_product("load") > 0  # the caller's first parallel op had to start its pool
 
 
 @needs_cores
+@pytest.mark.process
 def test_control_loading_on_the_callers_thread_leaves_its_pool():
     assert _added_by_a_product("control") == 0
 

@@ -190,6 +190,7 @@ def test_cache_is_reused_resumed_and_refused_for_other_settings(tmp_path, monkey
 
 # -- the command, end to end -------------------------------------------------------
 
+@pytest.mark.train
 def test_heads_on_a_chat_jsonl_write_a_model_card(chat_model_dir, tmp_path):
     data = tmp_path / "chats.jsonl"
     data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CHATS))
