@@ -35,9 +35,6 @@ def pytest_collection_modifyitems(items) -> None:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.indices.get("arch", 0) > 0:
             item.add_marker(pytest.mark.slow)
-    # The long tests first (a stable sort keeps each group's order): two workers then end together instead of
-    # one finishing a minute-long soak or browser run alone.
-    items.sort(key=lambda item: 0 if item.get_closest_marker("slow") else 1)
 
 
 # Other work shares this machine: one intra-op thread is also the fastest
