@@ -57,23 +57,24 @@ def draft(engine: "Engine", run: "RunState", params: SamplingParams) -> "Draft":
         return _dynamic(engine, run, params, chain, room)
     drafter, state = (engine.eagle_drafter, run.eagle) if run.eagle is not None else (engine.heads_drafter, run)
     main = None
-    if drafter is not None and (chain is None or req.lookup_mode != "first"):  # "first": a repeating context
-        main = drafter.propose(state, run.pending, room)  # drafts the chain alone
-    tree, tokens, q = merged(main, chain)
+    if drafter is not None and (chain is None or req.lookup_mode != "first"):  # "first": a chain drafts alone
+        main = drafter.propose(state, run.pending, room)
+    tree, tokens, q = merged(run.pending, main, chain)
     if tree.num_nodes == 1:
-        return Draft(ROOT_ONLY, [run.pending], [None], drafted=False)
+        return Draft(tree, tokens, q, drafted=False)
     return Draft(tree, tokens, q, drafted=True, heads_ran=1.0 if main is not None and main.source == "heads" else 0.0,
                  match=chain.match if chain is not None else 0, source=drafter.source if drafter else "heads")
 
 
-def merged(main: Proposal | None, chain: Proposal | None) -> tuple[Tree, list[int], list[float | None]]:
-    """One tree from a drafter's proposal and a lookup chain: the chain's tokens follow the tree's nodes as far
-    as they match, and what does not match is grafted as new nodes (either alone: itself; neither: the root)."""
+def merged(root: int, main: Proposal | None, chain: Proposal | None
+           ) -> tuple[Tree, list[int], list[float | None]]:
+    """One tree under `root` from a drafter's proposal and a lookup chain: the chain's tokens follow the tree's
+    nodes as far as they match, and what does not match is grafted as new nodes (either alone: itself; neither:
+    the root alone)."""
     if main is None:
-        main = chain
-        chain = None
+        main, chain = chain, None
     if main is None:
-        return ROOT_ONLY, [-1], [None]
+        return ROOT_ONLY, [root], [None]
     tree, tokens, q = main.tree, list(main.tokens), list(main.q)
     if chain is not None:
         tree, tokens = graft(tree, tokens, chain.tokens[1:])

@@ -13,6 +13,7 @@ from conftest import ARCHS, PROMPTS, hf_greedy, make_model
 from specdec.draft_tree import build_tree
 from specdec.drafter import Proposal
 from specdec.drafting import merged
+from specdec.request import ROOT_ONLY
 from specdec.lookup import DEFAULT_LOOKUP, LOOKUP, NgramIndex
 
 N = 32
@@ -73,12 +74,12 @@ def test_a_chain_merges_into_a_proposal_as_far_as_it_matches():
     tree = build_tree(((0,), (1,), (0, 0)))  # root, two depth-1 candidates, one depth-2 under the first
     heads = Proposal(tree, [7, 3, 5, 4], [None, 0.5, 0.2, 0.4], "heads")
     chain = LOOKUP.propose(NgramIndex([1, 2, 3, 4, 9, 1, 2], 3), 7, 3)  # 3 4 9: 3 and 4 are in the tree
-    tree2, tokens, q = merged(heads, chain)
+    tree2, tokens, q = merged(7, heads, chain)
     assert tokens == [7, 3, 5, 4, 9] and q == [None, 0.5, 0.2, 0.4, None]
     assert tree2.parent[4] == 3 and tree2.lookup == (4,)  # 9 grafted under the tree's "3 4"
-    alone = merged(None, chain)
+    alone = merged(7, None, chain)
     assert alone[1] == [7, 3, 4, 9] and alone[0].lookup == (1, 2, 3)
-    assert merged(heads, None)[1] == heads.tokens and merged(None, None)[0].num_nodes == 1
+    assert merged(7, heads, None)[1] == heads.tokens and merged(7, None, None)[:2] == (ROOT_ONLY, [7])
 
 
 def test_incremental_index_matches_the_definition():
