@@ -31,7 +31,8 @@ def pytest_collection_modifyitems(items) -> None:
     for item in items:
         if any(item.get_closest_marker(kind) for kind in SLOW_KINDS):
             item.add_marker(pytest.mark.slow)
-        # A sweep over ARCHS runs its first architecture in the quick loop, every one in the full suite.
+        # An architecture sweep (a parameter named `arch`) runs its first architecture in the quick loop, every
+        # one in the full suite.
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.indices.get("arch", 0) > 0:
             item.add_marker(pytest.mark.slow)

@@ -41,9 +41,9 @@ PROMPTS = ([5, 17, 3, 9, 9, 1, 2], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [99, 42, 7, 
 N = 20
 
 
-@pytest.mark.parametrize("name", list(ARCHITECTURES))
-def test_greedy_alone_and_batched_equals_hf_generate(name):
-    model = tiny_hub_model(ARCHITECTURES[name])
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_greedy_alone_and_batched_equals_hf_generate(arch):
+    model = tiny_hub_model(ARCHITECTURES[arch])
     refs = [hf_greedy(model, p, N) for p in PROMPTS]
     loaded = specdec.load(model, heads="random", device="cpu")
     target = loaded.engine.target

@@ -129,14 +129,14 @@ def hub_model(name: str):
     return tiny_hub_model(WINDOWED[name])
 
 
-@pytest.mark.parametrize("name", list(WINDOWED))
-def test_sliding_window_models_decode_exactly(name):
+@pytest.mark.parametrize("arch", list(WINDOWED))
+def test_sliding_window_models_decode_exactly(arch):
     """Greedy output equals HF generate (HF's own sliding caches) to twice the window, with and without
     the prefix cache, speculative (random heads + lookup, and oracle heads that accept long paths) and plain."""
-    model = hub_model(name)
+    model = hub_model(arch)
     target = specdec.load(model, heads="random").engine.target
-    assert target.window == (4096 if name == "mistral-default" else WINDOW)
-    assert target.window_mode == ("mapping" if name in ("gemma2", "gemma3", "qwen2", "qwen3") else "uniform")
+    assert target.window == (4096 if arch == "mistral-default" else WINDOW)
+    assert target.window_mode == ("mapping" if arch in ("gemma2", "gemma3", "qwen2", "qwen3") else "uniform")
     assert target.exact_limit is None  # the window is folded into the masks: no length limit
     n = 2 * WINDOW
     ref = hf_greedy(model, LONG_PROMPT, n)
@@ -146,7 +146,7 @@ def test_sliding_window_models_decode_exactly(name):
             for _ in range(2):  # the second run starts from the prefix cache when there is one
                 out = specdec.generate(loaded, prompt_ids=LONG_PROMPT, max_new_tokens=n, speculative=speculative,
                                        eos_token_id=None, lookup=5, tree="small")
-                assert out.token_ids == ref, (name, prefix_cache is not None, speculative)
+                assert out.token_ids == ref, (arch, prefix_cache is not None, speculative)
         if prefix_cache is not None:
             assert prefix_cache.hits >= 3
     oracle, _ = oracle_loaded(model, LONG_PROMPT, n)
