@@ -79,6 +79,8 @@ MIN_VALUE = 1e-4  # nodes less likely than this are never worth a slot
 MAX_BACKOFF = 64  # rounds the heads rest at most before they are tried again
 FIRST_REST = 4
 STRONG = 1.5  # a single full round this much faster than plain brings the heads straight back
+
+
 def head_scores(logits: torch.Tensor, params: SamplingParams, k: int = TOPK
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each head's top-k candidates, their softmax q (shown in the UI) and their score.

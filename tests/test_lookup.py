@@ -13,8 +13,8 @@ from conftest import ARCHS, PROMPTS, hf_greedy, make_model
 from specdec.draft_tree import build_tree
 from specdec.drafter import Proposal
 from specdec.drafting import merged
-from specdec.request import ROOT_ONLY
 from specdec.lookup import DEFAULT_LOOKUP, LOOKUP, NgramIndex
+from specdec.request import ROOT_ONLY
 
 N = 32
 
