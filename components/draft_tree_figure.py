@@ -2,7 +2,7 @@
 
 Head drafts are circles, prompt-lookup drafts teal-outlined squares; the accepted path is bold and
 the target's own token (a correction or a bonus) hangs off its end, dashed. Built like the other
-figures (components/plots.py): token text through `plots.label`, plain dicts wrapped by `plots._figure`,
+figures (components/plots.py): token text through `plots.label`, plain dicts wrapped by `plots.figure`,
 the shared palette from there.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from specdec import RoundEvent
 from specdec.stats import rule_label
 
-from .plots import LOOKUP_COLOR, STATUS_COLORS, TARGET_COLORS, _figure, _p, _title, empty_figure, label
+from .plots import LOOKUP_COLOR, STATUS_COLORS, TARGET_COLORS, empty_figure, figure, label, prob_text, title_dict
 from .replay import node_rule
 
 STATUS_NAMES = {"root": "root (committed)", "accepted": "accepted", "rejected": "rejected",
@@ -122,7 +122,7 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
         if not idx:
             continue
         custom = [[label(nodes[i].text, 40), nodes[i].depth, max(nodes[i].depth - 1, 0), nodes[i].rank,
-                   _p(nodes[i].draft_prob), _p(nodes[i].target_prob), nodes[i].token_id, i, _rule(event, i)]
+                   prob_text(nodes[i].draft_prob), prob_text(nodes[i].target_prob), nodes[i].token_id, i, _rule(event, i)]
                   for i in idx]
         who = ("EAGLE-3 · child rank %{customdata[3]}" if any(n.source == "eagle3" for n in nodes)
                else "head %{customdata[2]} rank %{customdata[3]}")
@@ -154,7 +154,7 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
             marker=dict(symbol=LOOKUP_SYMBOL, color=[STATUS_COLORS[nodes[i].status] for i in looked_up],
                         size=[13 if a else 10 for a in acc], line=dict(color=LOOKUP_COLOR, width=2)),
             customdata=[[label(nodes[i].text, 40), nodes[i].depth, "prompt lookup", "-", "-",
-                         _p(nodes[i].target_prob), nodes[i].token_id, i, STATUS_NAMES[nodes[i].status],
+                         prob_text(nodes[i].target_prob), nodes[i].token_id, i, STATUS_NAMES[nodes[i].status],
                          _rule(event, i)] for i in looked_up],
             hovertemplate="<b>%{customdata[0]}</b> (id %{customdata[6]}, node %{customdata[7]})<br>"
                           "depth %{customdata[1]} · prompt lookup<br>draft q = -<br>"
@@ -178,7 +178,7 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
             type="scatter", x=[x_t], y=[y_t], mode="markers+text", name=f"target token ({tok.kind})",
             text=[f"<b>{label(tok.text, limit)}</b>"], textposition="middle right",
             marker=dict(color=color, size=15, symbol="diamond"),
-            customdata=[[label(tok.text, 40), tok.kind, _p(tok.target_prob), tok.token_id]],
+            customdata=[[label(tok.text, 40), tok.kind, prob_text(tok.target_prob), tok.token_id]],
             hovertemplate="<b>%{customdata[0]}</b> (id %{customdata[3]})<br>%{customdata[1]} from the target"
                           "<br>target p = %{customdata[2]}<extra></extra>"))
     drafts = len(nodes) - 1
@@ -197,10 +197,10 @@ def tree_figure(event: RoundEvent | None) -> go.Figure:
                + (f", {match}-gram match" if match else "")] + sub
     # Short lines, one fact each: a phone is about 50 characters wide, and Plotly does not wrap titles.
     height = int(min(1000, max(400, 26 * leaves + 220 + 15 * len(sub))))
-    return _figure(data, dict(
+    return figure(data, dict(
         # The title hangs 48 px from the top (below the panel's label); the margin leaves a band under its last
         # line for the depth ticks (on top).
-        title={**_title(f"Round {event.index}: accepted {got} of {drafts} drafts<br><sup>{'<br>'.join(sub)}</sup>", 14),
+        title={**title_dict(f"Round {event.index}: accepted {got} of {drafts} drafts<br><sup>{'<br>'.join(sub)}</sup>", 14),
                "x": 0.02, "xanchor": "left", "y": 1 - 48 / height, "yanchor": "top", "yref": "container"},
         height=height,
         margin=dict(l=10, r=10, t=86 + 15 * len(sub), b=20), plot_bgcolor="#ffffff", uirevision=f"tree-{len(nodes)}",

@@ -7,7 +7,7 @@ Token text reaches Plotly only through `label`, which HTML-escapes it
 whitespace visible. Colours are hex, as Gradio's plotly.js 3 expects.
 
 Each figure is written as plain trace and layout dicts, already in the form Plotly's validation
-gives them (every trace with its "type", titles as {"text": ...}), and wrapped by `_figure`
+gives them (every trace with its "type", titles as {"text": ...}), and wrapped by `figure`
 without that validation: about 0.6 ms a figure instead of 4-8 ms. The app builds five figures at
 the end of every run, pure Python under the GIL, so with many users this is the server's largest
 cost after Gradio itself. tests/test_plots_form.py checks that validation would change nothing.
@@ -51,16 +51,16 @@ def label(text: str, limit: int = 12) -> str:
     return html.escape(shown, quote=False)
 
 
-def _p(x: float | None) -> str:
+def prob_text(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
 
 
-def _figure(data: list[dict], layout: dict) -> go.Figure:
+def figure(data: list[dict], layout: dict) -> go.Figure:
     """A figure from trace and layout dicts in Plotly's validated form, skipping the validation (10x faster)."""
     return go.Figure({"data": data, "layout": layout}, _validate=False)
 
 
-def _title(text: str, size: int | None = None) -> dict:
+def title_dict(text: str, size: int | None = None) -> dict:
     return {"text": text} if size is None else {"text": text, "font": {"size": size}}
 
 
@@ -84,7 +84,7 @@ def plot_data(fig: go.Figure) -> PlotData:
 def empty_figure(message: str, height: int = 260) -> go.Figure:
     note = {"text": html.escape(message), "showarrow": False, "x": 0.5, "y": 0.5, "xref": "paper", "yref": "paper",
             "font": {"size": 14, "color": "#616161"}}
-    return _figure([], {"annotations": [note], "height": height, "xaxis": {"visible": False},
+    return figure([], {"annotations": [note], "height": height, "xaxis": {"visible": False},
                         "yaxis": {"visible": False}, "margin": dict(l=10, r=10, t=30, b=10), "plot_bgcolor": "#ffffff"})
 
 
@@ -105,16 +105,16 @@ def _chart(data: list[dict], events: list[RoundEvent], title: str, ytitle: str, 
            **layout) -> go.Figure:
     """A per-run chart: the shared layout, the settings changes marked, then `layout`'s own keys."""
     marks, notes = _changes(events)
-    out = dict(title=_title(title, 13), height=300, barmode="stack", margin=dict(l=10, r=10, t=50, b=40),
+    out = dict(title=title_dict(title, 13), height=300, barmode="stack", margin=dict(l=10, r=10, t=50, b=40),
                plot_bgcolor="#ffffff", uirevision="charts", legend=dict(orientation="h", y=-0.25),
-               xaxis=dict(gridcolor="#eeeeee"), yaxis=dict(title=_title(ytitle), gridcolor="#eeeeee"))
+               xaxis=dict(gridcolor="#eeeeee"), yaxis=dict(title=title_dict(ytitle), gridcolor="#eeeeee"))
     if [*shapes, *marks]:
         out["shapes"] = [*shapes, *marks]
     if notes:
         out["annotations"] = notes
     for key, value in layout.items():  # axes merge, as `update_layout` does
         out[key] = {**out[key], **value} if isinstance(value, dict) and key in out else value
-    return _figure(data, out)
+    return figure(data, out)
 
 
 def accepted_length_figure(events: list[RoundEvent], current: int | None = None) -> go.Figure:
@@ -153,7 +153,7 @@ def accepted_length_figure(events: list[RoundEvent], current: int | None = None)
              "tokens a round<br>bars: tokens per target forward · line: forecast<br>grey: tree size (right axis)"
              "</sup>")
     return _chart(data + _dynamic_tree_traces(dec), events, title, "tokens", shapes, margin=dict(t=84),
-                  yaxis2=dict(title=_title("nodes"), overlaying="y", side="right", rangemode="tozero", showgrid=False))
+                  yaxis2=dict(title=title_dict("nodes"), overlaying="y", side="right", rangemode="tozero", showgrid=False))
 
 
 def _dynamic_tree_traces(dec: list[RoundEvent]) -> list[dict]:
@@ -175,12 +175,12 @@ def depth_acceptance_figure(events: list[RoundEvent]) -> go.Figure:
     bars = dict(
         type="bar", x=[r["depth"] for r in rows], y=[r["rate"] for r in rows], marker=dict(color=STATUS_COLORS["accepted"]),
         text=[f"{r['accepted']}/{r['reached']}" for r in rows], textposition="outside", name="accepted ÷ reached",
-        customdata=[[r["accepted"], r["reached"], _p(r["given_prev"])] for r in rows],
+        customdata=[[r["accepted"], r["reached"], prob_text(r["given_prev"])] for r in rows],
         hovertemplate="depth %{x}: %{customdata[0]} of %{customdata[1]} rounds accepted a depth-%{x} draft"
                       "<br>given depth %{x}−1 accepted: %{customdata[2]}<extra></extra>")
     return _chart([bars], [], "Acceptance rate per depth<br><sup>accepted ÷ rounds whose tree had depth-d "
                               "drafts<br>(on each bar: the count over the denominator)</sup>", "rate", margin=dict(t=64),
-                  yaxis=dict(range=[0, 1.15]), xaxis=dict(title=_title("depth d"), dtick=1), showlegend=False)
+                  yaxis=dict(range=[0, 1.15]), xaxis=dict(title=title_dict("depth d"), dtick=1), showlegend=False)
 
 
 def throughput_figure(events: list[RoundEvent]) -> go.Figure:
@@ -232,7 +232,7 @@ def sampler_figure(rows: list[dict], token_text: Callable[[int], str], params: d
 
     def custom(i):
         r = rows[i]
-        return [label(token_text(r["token_id"]), 30), r["token_id"], _p(r["prob"]), _p(r["filtered_prob"]),
+        return [label(token_text(r["token_id"]), 30), r["token_id"], prob_text(r["prob"]), prob_text(r["filtered_prob"]),
                 ("removed by " + r["removed_by"].replace("_", "-")) if r["removed_by"] else "kept"]
 
     hover = ("<b>%{customdata[0]}</b> (id %{customdata[1]})<br>p after temperature %{customdata[2]}"
@@ -257,13 +257,13 @@ def sampler_figure(rows: list[dict], token_text: Callable[[int], str], params: d
         drawn = ("<br>★ = the token the run drew here" + pe if hit is not None else
                  f"<br>the run drew {label(token_text(emitted), 14)}{pe}, outside this top {len(rows)}")
     sub = desc + (f"<br>{html.escape(note)}" if note else "") + drawn
-    return _figure(data, dict(
-        title=_title(f"The filters keep {len(kept)} of the {len(rows)} likeliest next tokens<br><sup>{sub}</sup>", 13),
+    return figure(data, dict(
+        title=title_dict(f"The filters keep {len(kept)} of the {len(rows)} likeliest next tokens<br><sup>{sub}</sup>", 13),
         height=190 + 20 * len(rows), barmode="overlay", bargap=0.2, margin=dict(l=10, r=10, t=100, b=40),
         plot_bgcolor="#ffffff", uirevision="sampler", legend=dict(orientation="h", y=-0.12, yanchor="top"),
         yaxis=dict(tickmode="array", tickvals=list(range(len(rows))), ticktext=ticks, autorange="reversed",
                    tickfont=dict(family="ui-monospace, monospace", size=12), automargin=True),
         # log scale: a flat distribution over a large vocabulary and its renormalised top-k
         # differ by orders of magnitude, and both must stay visible.
-        xaxis=dict(title=_title("probability (log)"), type="log", gridcolor="#eeeeee"),
+        xaxis=dict(title=title_dict("probability (log)"), type="log", gridcolor="#eeeeee"),
     ))
