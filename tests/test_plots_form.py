@@ -74,8 +74,8 @@ def test_real_run_figures_are_already_in_validated_form(real_runs):
 
 def test_the_check_catches_a_figure_not_in_validated_form():
     """Negative control: a dict Plotly would coerce (a bare title string) or refuse is caught."""
-    coerced = plots._figure([dict(type="bar", x=[1], y=[2])], dict(title="a bare string"))
+    coerced = plots.figure([dict(type="bar", x=[1], y=[2])], dict(title="a bare string"))
     assert plain(coerced) != validated(coerced)
-    unknown = plots._figure([dict(type="bar", x=[1], y=[2], colour="red")], {})
+    unknown = plots.figure([dict(type="bar", x=[1], y=[2], colour="red")], {})
     with pytest.raises(ValueError):
         validated(unknown)
