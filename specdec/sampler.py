@@ -1,13 +1,8 @@
 """The sampler: temperature -> top-k -> top-p -> min-p, in Hugging Face's order.
 
-One pure function, `filter_logits`, shapes the target distribution. The
-plain sampler, the lossless verifier, the bonus token and the UI's sampler
-view all call it, so the filters can never differ between those paths (a
-bug vLLM and SGLang both shipped once).
-
-All maths runs in float32 whatever the model dtype. Filtering never leaves
-an empty support: top-k keeps >= 1 token, top-p always keeps the most
-likely token, and min-p's threshold is at most the top probability.
+`filter_logits` alone shapes the target law: plain sampling, the lossless verifier, the bonus token and the
+UI's sampler view all call it, so their filters cannot differ. Maths runs in float32 whatever the model
+dtype, and filtering never leaves an empty support.
 """
 from __future__ import annotations
 
@@ -19,20 +14,13 @@ import torch
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Settings for one request. Validated on construction.
+    """Sampler settings for one request, validated on construction."""
 
-    temperature: 0 means greedy (argmax); > 0 divides the logits.
-    top_k: keep the k most likely tokens; 0 switches the filter off.
-    top_p: keep the smallest set whose probability reaches p; 1 switches it off.
-    min_p: keep tokens with prob >= min_p * max prob; 0 switches it off.
-    seed: seeds the request's own torch.Generator; None draws a fresh seed.
-    """
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int | None = None
+    temperature: float = 0.0  # 0 = greedy (argmax); > 0 divides the logits
+    top_k: int = 0  # keep the k most likely tokens; 0 = off
+    top_p: float = 1.0  # keep the smallest set whose mass reaches p; 1 = off
+    min_p: float = 0.0  # keep tokens with prob >= min_p * max prob; 0 = off
+    seed: int | None = None  # seeds the request's uniforms (`position_uniforms`); None draws a fresh seed
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -73,8 +61,7 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     x = finite_logits(logits.float())
     if bool(torch.isnan(x).any() | torch.isneginf(x).all(dim=-1).any()):  # one host sync for both checks
         raise ValueError("logits contain NaN, or are -inf for every token: there is no distribution to sample")
-    # Subtracting the max before dividing keeps a tiny temperature from
-    # overflowing to inf (inf - inf would be NaN in softmax).
+    # Subtracting the max first keeps a tiny temperature from overflowing to inf (and softmax from NaN).
     x = (x - x.amax(dim=-1, keepdim=True)) / params.temperature
     V = x.shape[-1]
     if 0 < params.top_k < V:
@@ -90,33 +77,26 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def finite_logits(x: torch.Tensor) -> torch.Tensor:
-    """Give rows with +inf logits (an fp16 overflow) their limit law. [..., V] float -> same shape.
+    """Rows with +inf logits (an fp16 overflow) get their limit law: the +inf tokens share the mass equally.
 
-    A +inf logit is the limit of an ever larger one, and in that limit the +inf tokens share all
-    the mass equally while every other token gets none; as logits that is 0 for them, -inf for
-    the rest. Without this, `x - max` is inf - inf = NaN. Rows without +inf pass unchanged. On
-    an accelerator there is no host sync; on a CPU, where a sync is free, rows without +inf (all
-    of them, nearly always) are returned after one pass instead of four.
+    Args:
+        x: [..., V] float logits; rows without +inf pass unchanged (with one, `x - max` would be NaN).
     """
     pos = torch.isposinf(x)
-    if x.device.type == "cpu" and not bool(pos.any()):
+    if x.device.type == "cpu" and not bool(pos.any()):  # a host sync is free on a CPU, not on an accelerator
         return x
     limit = torch.zeros_like(x).masked_fill(~pos, float("-inf"))
     return torch.where(pos.any(dim=-1, keepdim=True), limit, x)
 
 
-_TOP_P_PREFIX = 256  # tokens sorted first; the nucleus almost always ends inside them
+_TOP_P_PREFIX = 256  # sorted first, as a full sort costs more than a CPU sampling step; wider nuclei sort all
 
 
 def _top_p(x: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose mass reaches top_p. x: [..., V] float32.
+    """Keep the smallest set of most likely tokens whose mass reaches top_p; the top token always stays.
 
-    A token is dropped when the mass of the tokens sorted before it already
-    reaches top_p (so the most likely token always stays). Sorting the whole
-    vocabulary costs more than the rest of a sampling step on a CPU, so we
-    sort only the top `_TOP_P_PREFIX` tokens (one `topk`); when the nucleus
-    ends inside that prefix, every later token is dropped anyway and the
-    result equals the full sort's. Otherwise we fall back to the full sort.
+    Args:
+        x: [..., V] float32 logits.
     """
     V = x.shape[-1]
     k = min(V, _TOP_P_PREFIX)
@@ -134,11 +114,7 @@ def _top_p(x: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The filtered target distribution p. [..., V] -> [..., V] float32.
-
-    For temperature 0 this is the one-hot of the argmax, so greedy is the
-    limit case of the same law.
-    """
+    """The filtered target law p, [..., V] -> [..., V] float32: the argmax's one-hot at temperature 0."""
     if params.greedy:
         idx = logits.argmax(dim=-1, keepdim=True)
         return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter(-1, idx, 1.0)
@@ -146,21 +122,21 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor | float) -> torch.Tensor:
-    """The token whose cumulative mass first exceeds u * sum(probs), as a [1] long tensor on probs' device
-    (no host sync). probs: [V], non-negative, not necessarily normalised; u in [0, 1).
+    """The first token whose cumulative mass exceeds u * sum(probs), as a [1] long tensor (no host sync).
 
-    Token i is hit with probability p_i / sum(p) up to float64 rounding, and a token with p_i = 0 never
-    is (the first index whose cumulative mass exceeds u * sum lies where mass was added). u < 1 makes
-    u * total < total in float64, so an index < V exists whenever the law has mass; V means it has none.
+    Args:
+        probs: [V] non-negative, not necessarily normalised; a token with probability 0 is never drawn.
+        u: in [0, 1), so the result is < V whenever the law has mass, and V when it has none.
     """
     cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)  # [V]
     return torch.searchsorted(cdf, cdf[-1:] * u, right=True)  # [1]
 
 
 def draw(probs: torch.Tensor, u: float, at: list[int] = ()) -> tuple[int, list[float], float]:
-    """The token drawn from a [V] distribution (non-negative, not necessarily normalised) at uniform u,
-    by inverse CDF, with probs at the ids `at` and at the drawn token: (token, [probs[i] for i in at],
-    probs[token]), in one host sync. Raises ValueError when the law has no positive finite mass.
+    """Draw by inverse CDF at uniform u, in one host sync: (token, [probs[i] for i in at], probs[token]).
+
+    Args:
+        probs: [V] non-negative, not necessarily normalised; ValueError if it has no positive finite mass.
     """
     y = inverse_cdf(probs, u)  # [1], V when the law has no mass
     idx = y.clamp_max(probs.shape[-1] - 1)
@@ -168,37 +144,30 @@ def draw(probs: torch.Tensor, u: float, at: list[int] = ()) -> tuple[int, list[f
         idx = torch.cat([torch.tensor(at, dtype=torch.long, device=probs.device), idx])
     host = torch.cat([y.to(probs.dtype), probs[idx]]).tolist()  # ids < 2**24 are exact in float32
     tok = int(host[0])
-    if tok >= probs.shape[-1]:  # no mass, or NaN: multinomial refused these; never return a token past V
+    if tok >= probs.shape[-1]:  # no mass, or NaN: never return a token past V
         raise ValueError("sample: the distribution has no positive finite mass to draw from")
     return tok, host[1:-1], host[-1]
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """Draw one token id from a [V] distribution with one float64 uniform from `generator` (`draw`).
-
-    `torch.multinomial` draws from the same law but cost ~75 us per [4096] row on a CPU, more than
-    the rest of a sampling step; this is ~10.
-    """
+    """A token id from a [V] law at a float64 uniform from `generator` (`draw`; cheaper than multinomial)."""
     return draw(probs, float(torch.rand(1, generator=generator, dtype=torch.float64, device=probs.device)))[0]
 
 
 def position_uniforms(seed: int, n: int) -> list[float]:
-    """A request's uniforms, one per output position: the token at position t is drawn with the t-th.
-
-    Keying the randomness to the position, not to how many draws came before, is what makes a seeded
-    sampled request emit the same tokens whatever tree, batch or policy drafted them: each position's
-    token is the inverse CDF of the target's filtered law at that uniform, which is what plain
-    sampling computes too (see `verifier.verify`). A CPU generator, so a seed means the same on any device.
-    """
+    """A request's uniforms, one per output position: the token at position t is drawn with the t-th."""
+    # Keyed to positions, not draw counts, so a seeded request's tokens do not depend on what drafted them;
+    # a CPU generator, so a seed means the same on any device.
     return torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).tolist()
 
 
 def filter_stages(logits: torch.Tensor, params: SamplingParams, top: int = 20) -> list[dict]:
-    """Explain the filters for the UI's sampler view. logits: [V].
+    """The `top` likeliest tokens under temperature alone, for the UI's sampler view.
 
-    Returns the `top` most likely tokens under temperature alone, each with
-    its probability before filtering, after filtering, and which filter
-    removed it (None when kept).
+    Args:
+        logits: [V].
+    Returns:
+        per token: its probability before and after filtering, and the filter that removed it (None: kept).
     """
     x = finite_logits(logits.float())
     t = params.temperature if params.temperature > 0 else 1.0

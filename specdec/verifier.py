@@ -1,38 +1,24 @@
 """Verification: which branch of the draft tree does the target accept?
 
-Naming (Leviathan et al. 2023, Alg. 1): **p** is the target distribution,
-**q** the draft distribution. Here the candidates are the heads' top-k
-tokens, chosen deterministically, so q is a point mass on each candidate
-and never appears in the acceptance test. Dividing by the head's softmax
-probability would be a bug.
+p = target, q = draft (Leviathan et al. 2023, Alg. 1). Drafts are top-k tokens chosen deterministically,
+so q is a point mass on each candidate and never enters the acceptance test (dividing by it is a bug).
 
 Glossary (as in vLLM's rejection sampler):
 - accepted token: a draft node the target agreed with;
-- correction token: the target's own token at the last accepted node when
-  it is none of its children (in law, a draw from the residual r);
+- correction token: the target's own token at the last accepted node when it is none of its children
+  (in law, a draw from the residual r);
 - bonus token: drawn from p at an accepted leaf (no children to try).
 
 Rules:
-- greedy: follow children whose token is the target argmax.
-- lossless sampling (the default when temperature > 0): at each node draw
-  the target's own token y from the filtered law p, by inverse CDF at the
-  uniform of y's output position; accept the child whose token is y, if
-  one is, else y is the correction (or, at a leaf, the bonus).
-
-Why that is the lossless rule. With point-mass drafts, SpecInfer's rule
-(try the children in order, accept x with probability r(x), r starting
-as p; on a rejection zero r(x) and renormalise; if all are rejected,
-sample r) accepts x_1 with p(x_1), then x_2 with p(x_2) / (1 - p(x_1)),
-and so on, and otherwise draws from p without the x_i: the emitted token
-is distributed as p and the path is accepted exactly when that token is
-a child. Sampling y from p and matching it is the same joint law of
-(accepted child, emitted token), in one draw per depth instead of one per
-child. And because each position's uniform is fixed in advance
-(`sampler.position_uniforms`), the emitted tokens are those plain
-sampling draws from the same uniforms: a seeded sampled request gives the
-same text whatever tree, policy or batch drafted it.
-- typical (Medusa, **lossy**): accept x if p(x) > min(eps, delta * exp(-H(p))).
-  Faster acceptance, but the output no longer follows p.
+- greedy: follow the child whose token is the target's argmax.
+- lossless (the default when temperature > 0): at each node draw the target's token y from the filtered
+  p by inverse CDF at the uniform of y's output position; accept the child whose token is y, else y is
+  the correction (at a leaf, the bonus). With point-mass drafts this is SpecInfer's rule (try children in
+  order, accept x with r(x), r starting as p; on a rejection zero r(x) and renormalise; all rejected:
+  sample r) in one draw per depth instead of one per child: the same joint law of (accepted child,
+  emitted token), the emitted token distributed as p. Uniforms fixed per position
+  (`sampler.position_uniforms`) make a seeded request's text the same whatever tree, policy or batch.
+- typical (Medusa, **lossy**): accept x if p(x) > min(eps, delta * exp(-H(p))); output no longer follows p.
 """
 from __future__ import annotations
 
@@ -59,9 +45,7 @@ class Verdict:
     rejected: tuple[int, ...]  # children tried and rejected
 
 
-# Greedy verification computes every node's logits in one [N, H] x [H, V] product. On a CPU a big
-# tree's rows cost real compute (64 rows: 2.1 ms against 1.6 ms for the few visited), so there
-# larger trees compute rows on demand; on a GPU the product is nearly free at any size.
+# Above this a CPU computes rows on demand, as one product over every node's row costs real compute there.
 BATCHED_VERIFY_MAX_CPU = 32  # nodes
 
 
@@ -71,13 +55,7 @@ def all_rows_at_once(num_nodes: int, device: torch.device) -> bool:
 
 
 def verify_greedy(tokens: list[int], tree: Tree, logits: torch.Tensor) -> Verdict:
-    """Greedy verification from every node's logits at once: `verify_greedy_batch` for one request.
-
-    Same result as `verify(..., rule="greedy")`, in two host syncs instead
-    of two per visited node: one argmax over all N rows, then one gather
-    of the probabilities the events show. On a CPU one [N, H] x [H, V]
-    product also costs less than a+1 separate row products once a round
-    accepts a few tokens, and the walk itself is plain Python on ints.
+    """`verify(..., rule="greedy")` from every node's logits at once, in two host syncs.
 
     Args:
         tokens: N token ids, tokens[0] is the root.
@@ -92,10 +70,7 @@ def verify_greedy(tokens: list[int], tree: Tree, logits: torch.Tensor) -> Verdic
 
 
 def verify_greedy_batch(trees: list[tuple[list[int], Tree]], logits: torch.Tensor) -> list[Verdict]:
-    """`verify_greedy` for several requests at once (a batched round): one argmax, one gather, two host syncs in all.
-
-    Each request's verdict is the one `verify_greedy(tokens, tree, its logits rows)` gives: the same
-    argmax per row, the same walk, the same log-softmax per accepted row.
+    """`verify_greedy` for several requests at once (a batched round), in two host syncs in all.
 
     Args:
         trees: each request's (N_i token ids, tree); tokens[0] is its root.
@@ -149,14 +124,11 @@ def verify(tokens: list[int], tree: Tree, logits_at: Callable[[int], torch.Tenso
     Args:
         tokens: N token ids, tokens[0] is the root (already committed).
         tree: the tree the tokens fill.
-        logits_at: node index -> [V] target logits after that node's path.
-            Called only for nodes on the accepted path, so the vocabulary
-            projection runs on at most D + 1 rows.
+        logits_at: node index -> [V] target logits after that node's path; called only on the accepted path.
         params: sampler settings shaping p (the same filters as plain sampling).
         rule: "greedy", "lossless" or "typical" (lossy).
-        uniforms: the only source of randomness: uniforms[d] in [0, 1) draws the token chosen at depth d
-            (the request's position uniforms from the root's position on, `sampler.position_uniforms`;
-            greedy verification reads none).
+        uniforms: the only randomness: uniforms[d] in [0, 1) draws the token at depth d (the request's
+            `sampler.position_uniforms` from the root's position on; greedy reads none).
     """
     if rule not in ACCEPTANCE_RULES:
         raise ValueError(f"acceptance rule must be one of {ACCEPTANCE_RULES}, got {rule!r}")
