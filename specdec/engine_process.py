@@ -1,26 +1,9 @@
 """The model in its own process, so a server's Python does not share a GIL with the rounds.
 
-A server's Python (an event loop, handlers, figures) slows a scheduler that shares its GIL; in another
-process that work costs the rounds nothing (BENCHMARKS.md, "Serving through the app").
-
-`start(...)` spawns a process that loads the model (`specdec.load`) and runs its `Scheduler`; this process
-gets a `RemoteModel` with the faces a server uses:
-- `scheduler`: `submit` / `stream` (round events in the tickets' order, callbacks run here), `stats`, `close`;
-- `engine`: `info()`, `token_text()`, `sampler_rows()` (run between two rounds), and `stream()` for a lane
-  run alone (Compare's race), each step run between two rounds there;
-- `tokenizer`, `name`, `device`, `max_batch_size`, `has_chat_template`, as `Loaded` has them.
-
-Messages are plain picklable values on one duplex pipe; one reader thread here delivers them. What the
-process boundary changes for a request, and why it stays exact:
-- `on_round` callbacks run here, on the reader thread, as each event arrives. One that raises ends its
-  request with a "callback" failure, as in the scheduler, and the others go on.
-- A live `params` callable is read here after each event and a changed value is sent on: the engine
-  reads the newest value at each round, so a change lands a round later than in-process. Every round
-  still runs under one whole `SamplingParams`, so each round's law is exact.
-- `should_stop` is read here after each event; a request asked to stop ends after the round that
-  follows (one round later than in-process).
-- The engine's process ending (killed, out of memory) fails every request in flight with a message, and a
-  new process takes over (`specdec.supervisor`): later requests wait for it, and nothing waits forever.
+`start(...)` returns a `RemoteModel` with `Loaded`'s faces; callbacks run here as each event arrives. Live
+`params` and `should_stop` are read here after each event, so they land a round later than in-process, yet
+every round runs under one whole `SamplingParams` and stays exact. A process that ends fails the requests in
+flight and is replaced (`specdec.supervisor`).
 """
 from __future__ import annotations
 
@@ -50,8 +33,7 @@ class RemoteScheduler:
 
     def submit(self, request, *fields, on_round=None, should_stop: Callable[[], bool] | None = None,
                **named) -> RemoteTicket:
-        """Queue a request there; a request it refuses raises ValueError here, before any token. While the
-        process is being replaced this waits for the new one."""
+        """Queue a request there (ValueError here if refused), waiting out a process's replacement."""
         request = as_request(request, fields, named)
         live = request.params if callable(request.params) else None
         if live is not None:  # sent as its value now; later values follow the events (RemoteTicket._arrive)
@@ -126,9 +108,7 @@ class RemoteEngine:
         return self._supervisor.call("info")
 
     def prefix_cache_state(self) -> dict | None:
-        """The prefix cache's state as last heard, without waiting: a fresh one is asked for and arrives by the
-        next call. Gauges read it from a request's first event, on the thread that delivers every request's
-        events, which must not wait for the engine."""
+        """The prefix cache's state as last heard, refreshed for next time: its reader must not wait."""
         if self._asked is None or self._asked.done():
             self._asked = self._supervisor.call_soon("info")
             self._asked.add_done_callback(self._heard)
@@ -177,8 +157,12 @@ class RemoteModel:
         return self._supervisor.pid
 
     def serve(self, metrics: SchedulerMetrics | None = None, fault_hook=None) -> RemoteScheduler:
-        """Start the scheduler there (and in any process that replaces it): its metrics come back to `metrics`,
-        which also counts restarts if it has `observe_restart`; `fault_hook` (tests) must pickle."""
+        """Start the scheduler there, and in any process that replaces it.
+
+        Args:
+            metrics: receives the scheduler's metrics, and restarts too if it has `observe_restart`.
+            fault_hook: for tests; it must pickle.
+        """
         if self.serving:
             raise RuntimeError("this model's scheduler is already running")
         self._supervisor.serve(metrics, fault_hook)
@@ -190,10 +174,13 @@ class RemoteModel:
 
 
 def start(threads: int | str = "auto", timeout: float = 600.0, **load_kwargs) -> RemoteModel:
-    """Load a model in a new process (`specdec.load(**load_kwargs)`; `prefix_cache` is a budget in bytes or
-    None) and return its face here. `threads`: torch's intra-op threads there (a count, or "auto":
-    `threads.serving_threads`). A model `load` refuses raises its ValueError here. A process that dies later
-    is replaced (`specdec.supervisor`), and a new one may take `timeout` s to load."""
+    """Load a model in a new process and return its face here (a model `load` refuses raises its ValueError).
+
+    Args:
+        threads: torch's intra-op threads there: a count, or "auto" (`threads.serving_threads`).
+        timeout: seconds a process, the first or a replacement, may take to load.
+        load_kwargs: as `specdec.load`, except that `prefix_cache` is a budget in bytes or None.
+    """
     if threads != "auto" and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
         raise ValueError(f"`threads` must be 'auto' or an integer >= 1, got {threads!r}")
     supervisor = Supervisor(serve_engine, load_kwargs, threads, timeout)
@@ -204,9 +191,12 @@ def start(threads: int | str = "auto", timeout: float = 600.0, **load_kwargs) ->
 
 
 def wanted(mode: str, device: str | None) -> bool:
-    """Whether to serve from an engine process: `mode` "on" or "off", or "auto": on for a CPU (where Python
-    and the rounds share one GIL), off on CUDA (not measured there) and under ZeroGPU (whose `spaces.GPU`
-    needs the model in the handler's process)."""
+    """Whether to serve from an engine process.
+
+    Args:
+        mode: "on", "off", or "auto": on for a CPU (where Python and the rounds share one GIL), off on
+            CUDA and under ZeroGPU, whose `spaces.GPU` needs the model in the handler's process.
+    """
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"`engine_process` must be 'auto', 'on' or 'off', got {mode!r}")
     if mode != "auto":
@@ -219,10 +209,13 @@ def wanted(mode: str, device: str | None) -> bool:
 
 
 def serving_model(mode: str, threads: int | str, prefix_cache: int | None, **load_kwargs) -> tuple[object, bool, str]:
-    """A model for a server: in its own process where `wanted(mode, device)`, else loaded here with torch's
-    threads chosen for serving (`threads.serving_threads`). `prefix_cache`: a budget in bytes, or None.
+    """A model for a server: in its own process where `wanted(mode, device)`, else loaded here.
 
-    Returns (the model, whether it runs in its own process, what was chosen for torch's threads, and why).
+    Args:
+        prefix_cache: a budget in bytes, or None.
+
+    Returns:
+        (the model, whether it runs in its own process, a line saying how torch's threads were chosen).
     """
     if wanted(mode, load_kwargs.get("device")):
         remote = start(threads=threads, prefix_cache=prefix_cache, **load_kwargs)

@@ -1,8 +1,7 @@
 """The engine's process: it loads the model, runs its scheduler, and answers the caller's messages on one pipe.
 
-The caller's side (`engine_process`: the faces a server uses; `supervisor`: the pipe and its replacement)
-sends requests, live params, stops, cancels and calls; events go back from the scheduler's thread as each
-round ends, and every request's end after its last event. Messages are plain picklable values.
+Events go back from the scheduler's thread as each round ends, and a request's end after its last event;
+messages are plain picklable values.
 """
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """Prometheus metrics, fed only by round events and the request lifecycle.
 
-Every metric lives in the registry passed in (the app makes one), never
-in prometheus_client's global default registry, so two apps or two tests
-in one process never share counters.
-
-Mean accepted length (tokens per target forward, bonus included) is
-derivable from the counters:
-
-    rate(specdec_emitted_tokens_total[5m]) / rate(specdec_rounds_total[5m])
-
-where both count decoding rounds only (the prefill is not a draft round).
+Every metric lives in the registry passed in, never prometheus_client's global one, so two apps or tests
+in one process never share counters. Mean accepted length is `rate(specdec_emitted_tokens_total[5m]) /
+rate(specdec_rounds_total[5m])`, both over decoding rounds only.
 """
 from __future__ import annotations
 
@@ -51,8 +44,7 @@ class Metrics:
                              registry=r)
         self.queue_wait = Histogram("specdec_queue_wait_seconds", "Time a request waited for the model",
                                     buckets=_MS + (30, 60), registry=r)
-        # The scheduler's own figures (specdec.scheduler.SchedulerMetrics): rounds by batch size, the wait
-        # for a batch slot (after the HTTP queue above), and requests ended by a fault, by cause.
+        # Fed by the scheduler (`SchedulerMetrics`), not by round events.
         self.batch_size = Histogram("specdec_batch_size", "Requests decoded together in one round (one target forward)",
                                     buckets=_BATCH_BUCKETS, registry=r)
         self.scheduler_wait = Histogram("specdec_scheduler_wait_seconds",
@@ -105,19 +97,17 @@ class Metrics:
 
 
 class RequestMetrics:
-    """One request's lifecycle in `metrics` (a no-op without): rounds, queue wait, time to first token, TPOT,
-    end-to-end latency and its outcome ("ok", "error" or "cancelled").
+    """One request's rounds, latencies and outcome in `metrics` (a no-op without), by `begin`/`end` or `with`.
 
-    Either `begin()`, `on_round(ev)` per round, then `end(outcome)` (`specdec serve`), or as a context manager
-    around a handler's body (the app): "error" when the body raises, "cancelled" when the generator is closed
-    or `cancelled` was set, else "ok". Latencies are observed for "ok" requests only: a cancelled request's
-    duration is the client's choice, not the server's speed.
+    Latencies are observed for "ok" requests only: a cancelled request's duration is the client's choice.
     """
 
     def __init__(self, metrics: Metrics | None, arrival: float | None = None,
                  cache_state: Callable[[], dict | None] | None = None) -> None:
-        """arrival: `time.monotonic()` when the HTTP request arrived (None: the start stands in for it).
-        cache_state: reads the prefix cache's state as plain values."""
+        """Args:
+            arrival: `time.monotonic()` when the HTTP request arrived (None: the start stands in for it).
+            cache_state: reads the prefix cache's state as plain values.
+        """
         self.m = metrics
         self.arrival = arrival
         self.cache_state = cache_state or (lambda: None)

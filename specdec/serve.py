@@ -1,12 +1,9 @@
 """An OpenAI-compatible HTTP server on the scheduler (`specdec serve`).
 
-`GET /v1/models`, `POST /v1/completions` and `POST /v1/chat/completions` (server-sent events with `stream`),
-`GET /metrics` (Prometheus text), `GET /health`; with `--ui`, the Gradio app at `/`. Every request is a
-`specdec.streaming.stream` on the model's one scheduler (batched with the others, through the prefix cache);
-a thread per request iterates it and hands each delta to the event loop, which never waits on the model.
-What specdec does not do (n > 1, logprobs, tools, ...) is refused by name, never ignored; every bad value is
-a 400 in OpenAI's error shape naming the field. Each response, and the last streamed chunk, carries
-`speculation`: mean accepted length, target forwards, and the tokens the rounds made (a stop string may cut some).
+Each request is a `streaming.stream` on the model's one scheduler, iterated on its own thread so that the
+event loop never waits on the model. What specdec does not do (n > 1, logprobs, tools, ...) is refused by
+name, every bad value is a 400 in OpenAI's error shape naming the field, and each response carries
+`speculation` stats.
 """
 from __future__ import annotations
 
@@ -239,12 +236,12 @@ def _chat_ids(tokenizer, messages: list[_Message]) -> list[int]:
 
 
 def build_server(loaded, *, metrics: Metrics | None = None, ui=None) -> FastAPI:
-    """The OpenAI-compatible app over one loaded model; its scheduler starts here with `metrics` unless it runs.
+    """The OpenAI-compatible app over one model; its scheduler starts here with `metrics` unless it runs.
 
     Args:
         loaded: a `specdec.Loaded` or an `engine_process.RemoteModel`.
         metrics: fed by every request and served at `/metrics` (None: a registry of its own).
-        ui: a Gradio Blocks (the demo's `build_demo(loaded, ...)`) to mount at `/`; None: the API alone.
+        ui: a Gradio Blocks to mount at `/` (None: the API alone).
     """
     from .engine_process import RemoteModel
 

@@ -1,11 +1,9 @@
 """Streaming text: one request's output as text deltas, cut at stop strings, ended with OpenAI's finish reasons.
 
-`stream(loaded, prompt, ...)` takes `specdec.generate`'s arguments plus `stop`, checks them all and submits
-the request to `loaded.scheduler` before it returns, so a bad value is a ValueError before any token.
-Iterating the returned `Stream` yields a `Delta` for each round that released text; the deltas joined
-equal `generate(...).text` for the same request (special tokens skipped, no character ever split).
-Once it ends, `finish_reason` is "stop" (EOS or a stop string) or "length" (max_new_tokens or the
-context), as OpenAI defines them. Closing it early, or `cancel()` from any thread, cancels the request.
+`stream(...)` checks every value and submits before it returns, so a bad value is a ValueError before any
+token. The deltas joined equal `generate(...).text` (no character ever split); `finish_reason` is "stop" (EOS
+or a stop string), "length", or None when cancelled. Closing the stream, or `cancel()` from any thread,
+cancels the request.
 """
 from __future__ import annotations
 
@@ -23,10 +21,7 @@ MAX_STOPS = 4  # as OpenAI's `stop`
 
 @dataclass(frozen=True)
 class Delta:
-    """Text a round released, with the token ids emitted since the previous delta.
-
-    event: that round's RoundEvent (only with `events=True`, when every round yields a delta, text or not).
-    """
+    """Text a round released and the ids since the last delta (`event`: the round's, with `events=True`)."""
 
     text: str
     token_ids: tuple[int, ...]
@@ -46,8 +41,7 @@ def stop_strings(stop) -> tuple[str, ...]:
 
 
 def special_ids(tokenizer) -> frozenset[int]:
-    """The ids `tokenizer.decode(..., skip_special_tokens=True)` leaves out: its special tokens and the added
-    tokens marked special (empty for a tokenizer that names none)."""
+    """The ids `decode(..., skip_special_tokens=True)` drops: special tokens and added ones marked special."""
     ids = set(getattr(tokenizer, "all_special_ids", None) or ())
     for i, added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
         if getattr(added, "special", False):
@@ -56,12 +50,7 @@ def special_ids(tokenizer) -> frozenset[int]:
 
 
 class Stream:
-    """One request's text as it is made: iterate it for `Delta`s.
-
-    After the end: `finish_reason` ("stop", "length"; None when cancelled), `prompt_tokens`,
-    `completion_tokens` (up to the token that completed a stop string), `token_ids`, `events` and `stats`.
-    A request that failed raises `RequestFailed` from the iteration, after the deltas it had made.
-    """
+    """One request's text as it is made: iterate it for `Delta`s (then `RequestFailed` if it failed)."""
 
     def __init__(self, ticket: Iterable[RoundEvent], tokenizer, prompt_tokens: int, stops: tuple[str, ...] = (),
                  events: bool = False) -> None:
@@ -179,8 +168,6 @@ def stream(loaded, prompt: str | None = None, prompt_ids=None, *, max_new_tokens
            eos_token_id="auto", lookup: int = DEFAULT_LOOKUP, lookup_ngram: int = 3, lookup_mode: str = "first",
            chat: bool = False, stop: str | list[str] | None = None, events: bool = False) -> Stream:
     """Submit a request as `specdec.generate` would and return its `Stream` of text deltas.
-
-    Every value is checked here, before the request is queued (a ValueError naming the parameter).
 
     Args:
         loaded: a `specdec.Loaded`, or an `engine_process.RemoteModel`.

@@ -1,10 +1,8 @@
 """The caller's side of the engine's process: the pipe, and a supervisor that replaces a process that ends.
 
-A process that ends while it serves (killed, out of memory, a crash in native code) fails every request and
-call in flight with a message naming the signal or exit code. The `Supervisor` starts a new process with the
-same load arguments and scheduler arguments (metrics sink, fault hook); calls made meanwhile wait for it, up
-to the load timeout. One that dies again soon is replaced after a longer wait (`backoff`), so a model that
-cannot run does not spin the machine.
+A process that ends fails every request and call in flight with a message naming the signal or exit code; its
+replacement gets the same load and scheduler arguments, calls wait for it up to the load timeout, and restarts
+back off so that a model that cannot run does not spin the machine.
 """
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ HEALTHY = 60.0  # a process that served this long resets the wait to FIRST_DELAY
 
 
 def backoff(previous: float | None, healthy_for: float) -> float:
-    """The wait before the next restart: FIRST_DELAY after a process that served HEALTHY s (or the first
-    time), else twice the previous wait, at most MAX_DELAY."""
+    """The next wait: FIRST_DELAY at first or after a healthy process, else doubled, at most MAX_DELAY."""
     if previous is None or healthy_for >= HEALTHY:
         return FIRST_DELAY
     return min(2 * previous, MAX_DELAY)
@@ -47,7 +44,10 @@ def _how(proc) -> str:  # how a process ended, for a person
 
 class Connection:
     """The pipe to one engine process: a reader thread for what comes back, a delivery thread for events.
-    `on_lost(connection, how)`, called on the reader thread when the process ends, words the failure."""
+
+    Args:
+        on_lost: `(connection, how) -> message`, called on the reader thread when the process ends.
+    """
 
     def __init__(self, conn, proc, on_lost: Callable[["Connection", str], str]) -> None:
         self.conn = conn
@@ -109,8 +109,7 @@ class Connection:
             self.metrics.observe_failure(cause)
 
     def _read(self) -> None:
-        """Answers and metrics are handled here; a request's events and its end go to the delivery thread
-        in order, because a callback may itself call the engine (and wait for an answer read here)."""
+        """Answers are read here, events go to the delivery thread: a callback may wait for an answer."""
         while True:
             try:
                 msg = self.conn.recv()
@@ -147,9 +146,7 @@ class Connection:
                 return
 
     def _lost(self) -> None:
-        """The engine's process ended: every waiter gets an error now, and later calls are refused. Calls
-        fail here on the reader thread (a callback on the delivery thread may be waiting on one); the
-        requests fail on the delivery thread, after the events that came before."""
+        """Fail calls now (a delivery callback may wait on one); requests fail after their events."""
         message = self._on_lost(self, _how(self.proc))
         with self._lock:
             self._gone = message
@@ -178,16 +175,21 @@ class Connection:
         if self.proc.is_alive():
             self.proc.terminate()
             self.proc.join(timeout)
-        # The engine has gone, so the reader reads EOF and ends; only then is the pipe closed here: a reader
-        # still inside recv() could otherwise read from whatever file takes the freed descriptor's number.
+        # Close the pipe after the reader ends: one in recv() could read a file that reuses the descriptor.
         self._reader.join(timeout)
         self.conn.close()
 
 
 def launch(target: Callable, load_kwargs: dict, threads, timeout: float, started: Callable = lambda proc: None):
-    """Spawn an engine process running `target(pipe, load_kwargs, threads)` and wait for it to load the model.
-    Returns (pipe, process, what it reported); a model `load` refuses raises its ValueError, a process that
-    ends or does not load within `timeout` s a RuntimeError. `started(process)` is told the process at once."""
+    """Spawn a process running `target(pipe, load_kwargs, threads)`; (pipe, process, its report) once loaded.
+
+    Args:
+        started: told the process at once, so that a caller can kill it while it loads.
+
+    Raises:
+        ValueError: the model `load` refused.
+        RuntimeError: the process ended, or did not load within `timeout` s.
+    """
     ctx = mp.get_context("spawn")  # a fork would copy this process's threads and OpenMP state
     here, there = ctx.Pipe()
     proc = ctx.Process(target=target, args=(there, load_kwargs, threads), name="specdec-engine", daemon=True)
@@ -215,7 +217,10 @@ def launch(target: Callable, load_kwargs: dict, threads, timeout: float, started
 
 class Supervisor:
     """Owns the engine's process: the connection to the live one, and its replacement when it dies.
-    `launch(target, load_kwargs, threads, timeout)` starts each; `timeout` also bounds a call's wait for one."""
+
+    Args:
+        timeout: seconds a process may take to load, and a call may wait for one.
+    """
 
     def __init__(self, target: Callable, load_kwargs: dict, threads, timeout: float) -> None:
         self.target, self.load_kwargs, self.threads, self.timeout = target, load_kwargs, threads, timeout

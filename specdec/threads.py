@@ -1,15 +1,8 @@
-"""Where the CPU work of torch runs: on as few threads as possible, because each one keeps its own
-OpenMP thread pool.
+"""Where torch's CPU work runs: on as few threads as possible, because each one keeps its own OpenMP pool.
 
-GNU OpenMP (the libgomp that PyTorch's CPU wheels ship) gives every thread that runs a parallel
-region its own pool of workers, kept until that thread exits. Once the pools together hold more
-threads than the machine has CPUs, libgomp stops letting idle workers spin between regions: every
-parallel op then wakes its workers from sleep. The scheduler runs every round on its own thread, so
-a model loaded on the caller's thread would slow every round it serves (1.5-3x on a 2-CPU machine,
-BENCHMARKS.md).
-
-So work that only has to happen once (loading, probing) runs on a short-lived thread, whose pool
-goes when it ends, and the rounds run on the scheduler's thread alone.
+Once libgomp's pools together hold more threads than the machine has CPUs, its idle workers sleep instead
+of spinning, so one-off work (loading, probing) runs on a short-lived thread and the rounds on the
+scheduler's alone.
 """
 from __future__ import annotations
 
@@ -38,28 +31,23 @@ def on_fresh_thread(fn: Callable[..., T], *args, **kwargs) -> T:
 
 
 def off_the_callers_thread(device, fn: Callable[..., T], *args, **kwargs) -> T:
-    """fn(*args, **kwargs) where its torch work leaves the caller's thread without an OpenMP pool: on a
-    fresh thread for a CPU `device`. Elsewhere on the caller's thread, which keeps its own CUDA state
-    (current device, streams)."""
+    """Run fn on a fresh thread for a CPU `device`, else on the caller's, which holds its CUDA state."""
     if device.type == "cpu":
         return on_fresh_thread(fn, *args, **kwargs)
     return fn(*args, **kwargs)
 
 
 def serving_threads(loaded, requested: int | str) -> str:
-    """Prepare a loaded model's process for serving; a line saying what was chosen and why ("" off a CPU).
+    """Prepare a model's process for serving (before the scheduler's first op); a line saying what and why.
 
-    On a CPU, set torch's intra-op threads (`requested`: a count, or "auto": `cost.serving_threads`
-    measures whether one thread runs the model's forwards within its margin of all of them). Call it
-    before the scheduler's thread runs its first op, which keeps the count it starts with. On CUDA,
-    switch cuDNN's attention off: it builds a plan for every new (query, cache) length (measured on an
-    H200, a user's first 128-token run took 10.3 s instead of 4.0 s); the other SDPA kernels don't.
+    Args:
+        requested: torch's intra-op threads on a CPU: a count, or "auto" (`cost.serving_threads` measures).
     """
     import torch
 
     from . import cost
 
-    if loaded.device.type == "cuda":
+    if loaded.device.type == "cuda":  # cuDNN's attention builds a plan per new (query, cache) length
         torch.backends.cuda.enable_cudnn_sdp(False)
     if loaded.device.type != "cpu":
         return ""

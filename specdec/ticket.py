@@ -1,5 +1,4 @@
-"""A client's handle on one request: its events as they come, then its end; in this process's scheduler
-(`Ticket`) or in the engine's process (`RemoteTicket`)."""
+"""A request's handle: `Ticket` in this process's scheduler, `RemoteTicket` in the engine's process."""
 from __future__ import annotations
 
 import logging
@@ -21,8 +20,7 @@ _END = object()
 class Ticket:
     """A client's handle on one request: iterate it for the events; `cancel()` frees its slot by the next round.
 
-    Iterating yields every round event as it is made, then raises RequestFailed if the request failed
-    (its earlier events stay in `events`). Closing the iterator early cancels the request.
+    A failed request raises RequestFailed after its events; closing the iterator early cancels the request.
     """
 
     def __init__(self, rid: int, plan, callbacks: list, should_stop: Callable[[], bool] | None,
