@@ -17,22 +17,19 @@ _PRIOR_W = tuple(PRIOR_WEIGHT * (lo + hi) / 2 for lo, hi in zip(BIN_EDGES, BIN_E
 
 
 class Calibrator:
-    """Per row (a head's depth and rank, or a chain position) and per bin of the draft score q:
-    how often verification agreed, relative to q.
+    """Acceptance estimates min(1, q * ratio) per row (head depth and rank, or chain position) and q bin.
 
-    estimate(row, q) = min(1, q * ratio), ratio = (sum of outcomes + w * prior) / (sum of q + w),
-    where w is PRIOR_WEIGHT observations at the bin's middle q. The prior of a row `stride` rows
-    below another (the same rank one head deeper) is that row's current ratio, so what the first
-    head taught carries to deeper heads before they were ever drafted; the first rows take the
-    fixed prior. Sums decay by DECAY each round, so estimates follow the text and the sliders.
+    Args:
+        prior: each row's ratio before evidence (the last repeats), weighing PRIOR_WEIGHT at mid-bin q.
+        stride: a row's prior is the current ratio of the row `stride` above it (the same rank one head
+            up), so the first head's lessons carry deeper; 0: every row keeps its fixed prior.
     """
 
     def __init__(self, rows: int, prior: float | tuple[float, ...] = 1.0, stride: int = 0) -> None:
         prior = prior if isinstance(prior, tuple) else (prior,)
         self.prior = [prior[min(d, len(prior) - 1)] for d in range(rows)]  # [R]
         self.stride = stride  # 0: every row has its fixed prior
-        # The sums are held divided by `_scale`, the decay since they were last rescaled: a round's decay
-        # is then one multiplication, not one per row and bin.
+        # Sums are held divided by `_scale`, the decay since the last rescale: a round decays in one multiply.
         self._outcome = [[0.0] * len(BIN_EDGES) for _ in range(rows)]  # [R, bins]
         self._score = [[0.0] * len(BIN_EDGES) for _ in range(rows)]  # [R, bins]
         self._scale = 1.0

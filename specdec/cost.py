@@ -1,16 +1,8 @@
 """The measured cost of a round on this machine: what the dynamic tree trades acceptance against.
 
-A round with an N-node tree costs, in seconds,
-
-    T(N) = forward(N) + heads·[the heads ran] + overhead (+ verify per extra node visited, sampling)
-
-where forward(N) is one target forward over N nodes plus their vocabulary rows, heads is one
-forward of the draft heads (and their top-k), overhead is everything else a plain round does on
-the host (tree buffers, verification, commit, event), and verify is what sampled verification
-adds for each further node it visits (filtering and sampling one more row; greedy verification
-takes every row in one product, so for it the extra is in forward(N)). None of these is assumed: `measure`
-times them on the loaded model in a couple of seconds. On a CPU forward(N) grows with N; on a GPU it is nearly flat up to
-tens of nodes, which is why the same policy drafts small trees on one and big trees on the other.
+T(N) = forward(N) + heads·[the heads ran] + overhead (+ verify per extra node visited, when sampling), each
+term timed by `measure` on the loaded model in a couple of seconds. forward(N) grows with N on a CPU and is
+nearly flat up to tens of nodes on a GPU, so the same policy drafts small trees on one and big on the other.
 """
 from __future__ import annotations
 
@@ -72,9 +64,12 @@ class CostModel:
         return ys[-1] + slope * (n - xs[-1])
 
     def round_time(self, n: int, heads: float, visited: float = 1.0, sampled: bool = False) -> float:
-        """T(n): one round drafting an n-node tree (n = 1 is a plain round), with the heads (1), a
-        share of them (a probe of the first head: 1/K) or none (0), whose verification visits
-        `visited` nodes (root included; sampled verification pays per node)."""
+        """T(n): one round drafting an n-node tree (n = 1 is a plain round).
+
+        Args:
+            heads: the share of the heads that ran: 1, 1/K for a probe of the first, or 0.
+            visited: nodes verification visits, root included (sampled verification pays per node).
+        """
         extra = self.verify_s * max(visited - 1.0, 0.0) if sampled else 0.0
         drafted = self.drafted_s if n > 1 else 0.0
         return self.forward(n) + self.heads_s * float(heads) + self.overhead_s + drafted + extra
@@ -137,10 +132,7 @@ def save(model: CostModel, path: Path) -> None:
 
 @torch.inference_mode()
 def measure(engine: "Engine", budget_s: float = 2.0, max_nodes: int = 64, reps: int = 12) -> CostModel:
-    """Time forward(N), the heads and the round overhead on the loaded model, within about `budget_s`.
-
-    Counts that the budget does not reach are extrapolated from the last measured slope.
-    """
+    """Time forward(N), the heads and the overhead in about `budget_s`; counts past it are extrapolated."""
     target = engine.target
     deadline = time.perf_counter() + budget_s
     ctx = max(1, min(CONTEXT, (target.max_length or 1 << 30) - max_nodes - 2))
@@ -171,10 +163,7 @@ def _measure(engine: "Engine", cache, ids: torch.Tensor, ctx: int, deadline: flo
         target.logits(hidden, pack_one=True).argmax(-1).tolist()
         kv_cache.keep_path(cache, ctx, [])
 
-    # Another process busy on the same cores slows some calls, never speeds one up, and a busy
-    # moment inflates a one-node forward as much as a big one, flattening the curve. So each
-    # count is timed right after a one-node forward, and the curve is the median of those paired
-    # ratios times the fastest one-node forward: the machine's own cost, and its own shape.
+    # Median ratios to a paired one-node forward, times the fastest: busy cores slow calls, never speed them.
     counts = [n for n in NODE_COUNTS if n <= max_nodes]
     ones: list[float] = []
     ratios: dict[int, list[float]] = {1: [1.0]}
@@ -187,8 +176,7 @@ def _measure(engine: "Engine", cache, ids: torch.Tensor, ctx: int, deadline: flo
                 ones.append(t1)
                 ratios.setdefault(n, []).append(tn / t1)
     nodes = [n for n in counts if n in ratios]
-    # Timing noise must not make a bigger tree look cheaper: the nondecreasing curve nearest to the
-    # medians (a running maximum instead would carry one high median up to every larger count).
+    # Timing noise must not make a bigger tree look cheaper: the nondecreasing curve nearest the medians.
     times = _nondecreasing([min(ones) * statistics.median(ratios[n]) for n in nodes])
     if nodes[-1] < max_nodes and len(nodes) > 1:  # extrapolate what the budget did not reach
         slope = (times[-1] - times[-2]) / (nodes[-1] - nodes[-2])
@@ -196,9 +184,7 @@ def _measure(engine: "Engine", cache, ids: torch.Tensor, ctx: int, deadline: flo
         times.append(times[-1] + slope * (max_nodes - nodes[-2]))
     heads_s = 0.0
     if engine.heads is not None:
-        # What the heads add to a round: themselves, and the next forward's slowdown (on a CPU
-        # their weights push the target's out of cache). Timed as heads + forward against a
-        # forward alone, back to back, like the counts above.
+        # Heads + forward against a forward alone, as on a CPU the heads also slow the next forward (cache).
         h = target.forward(ids[ctx : ctx + 1], cache)[-1]
         kv_cache.keep_path(cache, ctx, [])
 
@@ -214,9 +200,7 @@ def _measure(engine: "Engine", cache, ids: torch.Tensor, ctx: int, deadline: flo
             t1, th = _timed(lambda: forward(1)), _timed(heads_then_forward)
             if rep:
                 added.append((th - t1) / t1)
-        # In the forward curve's own scale (a share of a one-node forward, times the fastest one): a busy
-        # moment then moves heads and forwards alike, and the policy, which compares rates, does not move.
-        # Noise can make the difference vanish; the heads never cost less than they take alone.
+        # In the forward curve's scale so a busy moment moves both alike, and never below the heads alone.
         heads_s = max(statistics.median(added) * min(ones), _time(heads, reps))
     row = target.logits(target.forward(ids[ctx : ctx + 1], cache)[-1], pack_one=True)  # [V]
     kv_cache.keep_path(cache, ctx, [])
@@ -224,11 +208,9 @@ def _measure(engine: "Engine", cache, ids: torch.Tensor, ctx: int, deadline: flo
     law = SamplingParams(temperature=0.7, top_p=0.9)  # the app's default law: filters that cut
     draws = torch.Generator(device=row.device).manual_seed(0)
     verify_s = _time(lambda: sample(target_probs(row, law), draws), reps)
-    # Plain and drafted rounds' host work, measured in turns and paired: one pair alone swung the
-    # drafted figure over 0-0.44 ms between loads, as a busy moment fell on one stream or the other.
-    # On CUDA a round's "forward" lap times only the launch (the GPU work is waited for later, where the
-    # host first reads a result), so the measured curve stands in for the forward there.
+    # On CUDA a round's forward lap times only the launch, so the measured curve stands in for it.
     curve = CostModel(tuple(nodes), tuple(times), heads_s, 0.0).forward if target.device.type == "cuda" else None
+    # The median of paired turns, as a busy moment can fall on the plain or the drafted run.
     plain, drafted = [], []
     for _ in range(3):
         plain.append(_overhead(engine, ids[:16].tolist(), curve))
@@ -240,10 +222,12 @@ def _measure(engine: "Engine", cache, ids: torch.Tensor, ctx: int, deadline: flo
 @torch.inference_mode()
 def packed_rows_pay(target: "TargetModel", rows: int = 8, reps: int = 12, margin: float = 0.9,
                     budget_s: float = 0.5) -> bool:
-    """Do `rows` vocabulary rows cost less through oneDNN's prepacked product (specdec.packed) than through
-    the model's lm_head here, by at least `1 - margin`? Timed as verification runs them, right after a
-    forward of that many tokens, interleaved. False where oneDNN cannot run this lm_head, and without
-    measuring for an lm_head under 256K weights (1 MB), whose rows cost a few µs either way. About 0.1 s."""
+    """Do `rows` vocabulary rows take under `margin` of the lm_head's time through `packed`'s oneDNN product?
+
+    Args:
+        target: its lm_head is timed right after a forward, as verification runs it; False unmeasured
+            where oneDNN cannot run it or it has under 256K weights (a few µs either way).
+    """
     from . import packed
 
     if not packed.available(target.lm_head) or target.lm_head.weight.numel() < 1 << 18:
@@ -266,19 +250,13 @@ def packed_rows_pay(target: "TargetModel", rows: int = 8, reps: int = 12, margin
 @torch.inference_mode()
 def serving_threads(target: "TargetModel", tokens: tuple[int, ...] = (16, 64), reps: int = 12, margin: float = 1.25,
                     budget_s: float = 1.0) -> tuple[int, dict]:
-    """The intra-op threads a serving process should give torch on a CPU: one, where one thread runs
-    the target's forwards of `tokens` tokens within `margin` of the time the default count takes;
-    the default otherwise. Returns (threads, what was timed: median ms per count and size).
+    """Intra-op threads for serving on a CPU; run on a thread that then ends, before the scheduler's first op.
 
-    Why fewer: a second OpenMP thread only helps inside an op, and between ops, while a round runs
-    its Python, it spins on a core that a web server in the same process needs; so a forward up to
-    25% slower on one thread still serves more (BENCHMARKS.md, "Serving through the app"). A model
-    whose forward is compute-bound (a second thread nearly halves it) keeps every thread.
-
-    Timed interleaved (`_interleaved`) on the calling thread, whose count is restored. Run it on a thread that then ends
-    (`threads.on_fresh_thread`), before the scheduler's thread runs its first op: a thread keeps
-    the count it started with.
+    Returns:
+        (1 if one thread runs `tokens`-token forwards within `margin` of the default count's time, else the
+        default; what was timed: median ms per count and size).
     """
+    # Between ops a spare OpenMP thread spins on a core the web server needs: a slower forward can serve more.
     default = torch.get_num_threads()
     if target.device.type != "cpu" or default <= 1:
         return default, {}
@@ -298,9 +276,11 @@ def serving_threads(target: "TargetModel", tokens: tuple[int, ...] = (16, 64), r
 
 
 def _interleaved(trials: dict, reps: int, budget_s: float) -> dict:
-    """The median seconds of each trial (a callable that returns the seconds it timed), run in turns, so
-    a busy moment hits every candidate alike: a warm-up pass, then up to `reps` passes, stopping after
-    `budget_s` once two have run."""
+    """Median seconds of each trial (a callable returning seconds), run in turns so a busy moment hits all.
+
+    Args:
+        reps: passes after one warm-up pass, stopping after `budget_s` once two have run.
+    """
     times: dict = {key: [] for key in trials}
     deadline = time.perf_counter() + budget_s
     for rep in range(reps + 1):
@@ -335,8 +315,7 @@ def _overhead(engine: "Engine", prompt: list[int], forward_s=None) -> float:
 
 
 def _drafted_overhead(engine: "Engine", prompt: list[int], plain: float, forward_s=None) -> float:
-    """What a drafted round's host work adds to a plain round's: rounds drafting a prompt-lookup
-    chain on a repeating prompt (no heads needed), outside their forward, less `plain`."""
+    """Host time a drafted round adds to a plain one: lookup rounds on a repeating prompt, less `plain`."""
     from .request import GenerationRequest
 
     events = list(engine.stream(GenerationRequest(prompt, 24, tree="none", lookup=4, eos_token_id=None)))
@@ -347,8 +326,10 @@ def _drafted_overhead(engine: "Engine", prompt: list[int], plain: float, forward
 def _outside(ev: "RoundEvent", forward_s=None) -> float:
     """A round's seconds outside its forward and its vocabulary rows, which forward(N) already times.
 
-    forward_s: forward(N) in seconds from the measured curve, subtracted instead of the round's own laps
-    (on CUDA, where those laps time only the launches); None: the laps."""
+    Args:
+        forward_s: forward(N) in seconds, subtracted instead of the round's laps (on CUDA they time only
+            the launches); None: the laps.
+    """
     t = ev.timings
     if forward_s is not None:
         return max(t["total"] / 1e3 - forward_s(max(len(ev.nodes), 1)), 0.0)

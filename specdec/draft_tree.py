@@ -1,12 +1,7 @@
-"""The draft tree as data.
+"""The draft tree as data: rank paths in, every buffer a round needs out.
 
-A tree is a list of paths of per-head top-k ranks, Medusa style:
-`(0,)` is head 0's best guess, `(0, 1)` is head 1's second guess
-following it, and so on. Node 0 is the root: the token the target
-already chose last round. From the paths we build, once, every buffer a
-round needs: parents, depths (= position offsets), the ancestor mask for
-tree attention, and indices into the flat candidate list. A dynamic tree
-is built every round, so building is vectorised (tens of microseconds).
+Paths are per-head top-k ranks, Medusa style: `(0,)` is head 0's best guess, `(0, 1)` head 1's second
+guess after it. Node 0 is the root, the token the target chose last round.
 """
 from __future__ import annotations
 
@@ -34,8 +29,7 @@ class Tree:
     tree_indices: torch.Tensor  # [N] long, index into [root, head0 top-k, head1 top-k, ...]
     ancestor_mask: torch.Tensor  # [N, N] bool, node i may attend to node j
     depth_t: torch.Tensor  # [N] long, position offset of each node
-    # Nodes grafted after the head nodes by prompt lookup (`graft_chain`): they have no rank
-    # path, so `paths` lists the head nodes only and these come after them, in chain order.
+    # Prompt-lookup nodes (`graft_chain`), in chain order after the head nodes: they have no rank path.
     lookup: tuple[int, ...] = ()
 
     @property
@@ -47,9 +41,7 @@ class Tree:
         return max(self.depth)
 
     def truncated(self, max_depth: int) -> "Tree":
-        """The same tree without nodes deeper than max_depth (for the context/token limit).
-
-        Grafted lookup nodes are dropped: graft after truncating, as the engine does."""
+        """The tree cut below max_depth; grafted lookup nodes are dropped, so graft after truncating."""
         return build_tree(tuple(p for p in self.paths[1:] if len(p) <= max_depth))
 
 
@@ -69,9 +61,8 @@ def _validate(paths) -> tuple[Path, ...]:
 def build_tree(paths: tuple[Path, ...], checked: bool = False) -> Tree:
     """Build all buffers from a tuple of rank paths (root excluded).
 
-    `checked`: the caller built the paths itself as tuples of int ranks, every parent present, sorted by
-    (depth, path), as the dynamic tree policy does each round; they skip validation (a cached tree is a
-    dict lookup then).
+    Args:
+        checked: the paths are int tuples, prefix-closed and sorted by (depth, path): skip validation.
     """
     if not isinstance(checked, bool):
         raise ValueError(f"`checked` must be True or False, got {checked!r}")
@@ -104,9 +95,8 @@ def _build(body: tuple[Path, ...]) -> Tree:
 def _shape(parent: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """A topology's ancestor mask [N, N] and depths [N], shared (read-only) by every tree of that shape.
 
-    The dynamic tree drafts a new set of rank paths most rounds (41% of them uncached on the embedded
-    model), but far fewer shapes: ranks change which tokens fill a tree, not who sees whom.
-    Parents must precede their children, as in every tree built here.
+    Args:
+        parent: [N] parent indices; parents must precede their children.
     """
     depth = [0] * len(parent)
     for i in range(1, len(parent)):
@@ -115,11 +105,7 @@ def _shape(parent: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _ancestor_mask(parent: tuple[int, ...], max_depth: int) -> torch.Tensor:
-    """[N, N] bool: node i sees itself and its ancestors. One vector step per level, not per node.
-
-    Built in NumPy: the dynamic tree builds a new shape most rounds, and there each torch call on a
-    tiny array costs more than the work (8 us against 33 us for 16 nodes, embedded model's CPU).
-    """
+    """[N, N] bool: node i sees itself and its ancestors; NumPy, as a torch call costs more than this work."""
     N = len(parent)
     up = np.maximum(np.asarray(parent, dtype=np.int64), 0)  # [N]; the root is its own parent
     mask = np.eye(N, dtype=bool)
@@ -132,12 +118,10 @@ def _ancestor_mask(parent: tuple[int, ...], max_depth: int) -> torch.Tensor:
 
 @lru_cache(maxsize=1024)
 def graft_chain(paths: tuple[Path, ...], attach: int, length: int) -> Tree:
-    """`build_tree(paths)` (root excluded, as there) plus a chain of `length` lookup nodes below node `attach`.
+    """`build_tree(paths)` plus a chain of `length` lookup nodes whose first is `attach`'s first child.
 
-    The chain's nodes take indices N .. N+length-1 (after every head node,
-    so ancestors still precede descendants), and the chain's first node
-    becomes `attach`'s first child: it is tried before the head
-    candidates. Cached by value, so a round costs one dict lookup.
+    Args:
+        paths: head rank paths, root excluded; the chain takes indices N .. N + length - 1 after them.
     """
     base = build_tree(paths)
     N = base.num_nodes
@@ -154,11 +138,10 @@ def graft_chain(paths: tuple[Path, ...], attach: int, length: int) -> Tree:
 
 
 def merge_chain(tree: Tree, tokens: list[int], chain: list[int]) -> tuple[int, list[int]]:
-    """Walk `chain` down the filled tree while its tokens match existing nodes.
+    """Walk `chain` down the filled tree while its tokens match existing nodes, so siblings stay distinct.
 
-    Returns (the deepest matching node, the chain tokens left to graft
-    below it). Merging keeps sibling tokens distinct, so greedy
-    verification never has two children with the same token.
+    Returns:
+        (the deepest matching node, the chain tokens left to graft below it).
     """
     node = 0
     for i, tok in enumerate(chain):
@@ -193,12 +176,11 @@ def candidates(root_token: int, head_logits: torch.Tensor, tree: Tree) -> tuple[
 # -- tree design --------------------------------------------------------------
 
 def best_tree(acc: list[list[float]], budget: int) -> tuple[Path, ...]:
-    """The tree with the highest expected accepted length under a node budget (`best_first`'s first
-    `budget` nodes), as rank paths in BFS order.
+    """The rank paths (BFS order) with the highest expected accepted length within `budget` nodes.
 
-    acc[d][r] is the measured probability that head d's rank-r guess is the right token (given the path
-    so far was right). A node's chance of being accepted is the product along its path, and the expected
-    accepted length is the sum over nodes: every factor is <= 1, so best-first is optimal.
+    Args:
+        acc: acc[d][r], the chance head d's rank-r guess is right given its path was; every factor is
+            <= 1, so best-first (`best_first`) is optimal.
     """
     if budget < 1:
         raise ValueError(f"budget must be >= 1, got {budget}")
@@ -207,14 +189,13 @@ def best_tree(acc: list[list[float]], budget: int) -> tuple[Path, ...]:
 
 def best_first(acc: list[list[float]], lookup: list[float], budget: int, min_value: float = 0.0
                ) -> Iterator[tuple[str, tuple, float]]:
-    """Up to `budget` nodes in best-first order (lazily: a caller may stop early): ("heads", rank path, value) or
-    ("lookup", (j,), value), none worth less than `min_value`.
+    """Up to `budget` nodes, best first and lazily: ("heads", rank path, value) or ("lookup", (j,), value).
 
-    acc[d][r]: the chance that head d's rank-r guess is right given its path was; lookup[j]: the same for
-    chain position j. A node's value is the product of the estimates along its path, so a child is never
-    likelier than its parent and every prefix of the order is the best tree of its size. Each head's candidates are
-    visited in order of their estimate (the first child and the next sibling are pushed when a node
-    is taken), so the heap holds O(budget) entries.
+    Args:
+        acc: acc[d][r], the chance head d's rank-r guess is right given its path was. A node's value is
+            the product along its path, so every prefix of the order is the best tree of its size.
+        lookup: lookup[j], the same for chain position j.
+        min_value: nodes worth less are not yielded.
     """
     order = [sorted(range(len(row)), key=lambda r: -row[r]) for row in acc]  # ranks by estimate, per depth
     heap: list[tuple[float, int, str, tuple, int, float]] = []  # (-value, tiebreak, kind, path, sibling, parent value)
@@ -261,14 +242,12 @@ def expected_length(paths: tuple[Path, ...], acc: list[list[float]]) -> float:
     return total
 
 
-# A generic prior for heads we have not measured: head-d top-1 accuracy
-# in the range Medusa reports for 7B chat models, decaying with rank.
+# A prior for unmeasured heads: head-d top-1 accuracy as Medusa reports for 7B chat models, less by rank.
 _PRIOR_TOP1 = (0.60, 0.40, 0.28, 0.20)
 _PRIOR = [[t * (0.45 ** r) / (1 + 0.2 * r) for r in range(10)] for t in _PRIOR_TOP1]
 
-# Medusa's published default tree for 5-head checkpoints (FasterDecoding/Medusa, `mc_sim_7b_63` in
-# medusa/model/medusa_choices.py): 63 rank paths found by simulation on Vicuna-7B, depths 1/2/3/4 =
-# 10/28/23/2. Kept as data, so published heads run with the tree they were tuned for.
+# Medusa's default tree for 5-head checkpoints (`mc_sim_7b_63` in FasterDecoding/Medusa), kept as data
+# so published heads run with the tree they were tuned for.
 MC_SIM_7B_63: tuple[Path, ...] = tuple(tuple(p) for p in (
     [0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0], [0, 5], [0, 0, 1],
     [5], [0, 6], [6], [0, 7], [0, 1, 0], [1, 1], [7], [0, 8], [0, 0, 2], [3, 0], [0, 9], [8], [9], [1, 0, 0],
