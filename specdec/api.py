@@ -1,4 +1,4 @@
-"""`load` a model with its drafters (the embedded one by default, or any hub id or folder), and `encode` prompts for it."""
+"""`load` a model with its drafters (the embedded one by default, or any hub id or folder); `encode` text."""
 from __future__ import annotations
 
 import os
@@ -30,9 +30,7 @@ DEFAULT_MODEL = ASSETS / "model"
 DEFAULT_HEADS = ASSETS / "heads"
 DEFAULT_EAGLE = ASSETS / "eagle3"
 SHIPPED = {"medusa": DEFAULT_HEADS, "eagle3": DEFAULT_EAGLE}  # the embedded model's drafters, by name
-# What `drafter="auto"` means on the embedded model, which ships both: the heads. EAGLE-3 drafts 1.5-1.6x the
-# tokens per target forward (scripts/eval_drafters.py), but on this 4-layer target its five sequential draft
-# steps cost more than a 16-node forward, and the heads' rounds measured faster at T=0.7 (BENCHMARKS.md).
+# "auto" is the heads: on the embedded 4-layer target EAGLE-3's serial steps cost more than they save.
 EMBEDDED_DRAFTER = "medusa"
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
@@ -76,8 +74,7 @@ class Loaded:
         return self._scheduler is not None
 
     def serve(self, **options) -> Scheduler:
-        """Start this model's scheduler with `options` (`metrics`, `fault_hook`, `prefill_chunk`; see
-        `Scheduler`); call it before the first generation. Returns the scheduler."""
+        """Start and return this model's scheduler with `Scheduler`'s `options`; call it before generating."""
         with self._lock:
             if self._scheduler is not None:
                 raise RuntimeError("this model's scheduler is already running: call serve() before generating")
@@ -138,31 +135,22 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
     """Load a target model and its drafter: Medusa heads, an EAGLE-3 drafter, or (embedded model) both.
 
     Args:
-        model: hub id, local path, a loaded PreTrainedModel, or None for the
-            embedded default (assets/model, fully offline).
-        heads: a folder or hub repo id holding Medusa heads in specdec's, FasterDecoding's
-            or vLLM's layout, or an EAGLE-3 drafter in SafeAILab's (vLLM's and SGLang's) or
-            `speculators`' layout (detected from the files); a MedusaHeads or an Eagle3;
-            "random" (seeded random heads); for the embedded model "medusa" or "eagle3" (its
-            shipped drafters, one each); or None (the embedded model's two, else none).
+        model: hub id, local path, a loaded PreTrainedModel, or None for the embedded default (offline).
+        heads: a folder or hub id of Medusa heads or an EAGLE-3 drafter in any layout `heads_io` or
+            `eagle_io` reads; a MedusaHeads or an Eagle3; "random"; "medusa" or "eagle3" (the embedded
+            model's shipped drafters); or None (the embedded model's two, else none).
         device: "cpu", "cuda", ... (default: cuda when present).
         dtype: torch dtype or name (default: float32 on CPU, bfloat16 on CUDA).
         tokenizer: a tokenizer, to override or supply one for a model object.
-        cost_cache: None (default) measures the dynamic tree's round costs on first use in each
-            process (well under 2 s), so a busy moment long ago cannot size today's trees; a folder,
-            or True for $SPECDEC_CACHE (default ~/.cache/specdec), keeps them per model, device and
-            dtype across processes.
+        cost_cache: None measures the dynamic tree's round costs once per process, so an old busy moment
+            cannot size today's trees; a folder, or True for $SPECDEC_CACHE (~/.cache/specdec), keeps them.
         max_batch_size: requests decoded together by `Loaded.scheduler` (1: one at a time).
-        cuda_graphs: replay captured CUDA graphs of the target forward and the heads (`specdec.graphs`);
-            None (default) turns them on where the model runs on CUDA. True on another device is refused.
-            A forward that cannot be captured runs eagerly, with a log line.
-        heads_dtype: the dtype the heads' vocabulary projections are stored in (a torch dtype or name;
-            default: the model's). A head only proposes tokens, so its precision changes speed and
-            acceptance, never the output.
-        packed_rows: compute a speculative round's vocabulary rows through oneDNN with a prepacked
-            lm_head (`specdec.packed`; an fp32 model on a CPU). None (default): where it measures at
-            least 10% faster at load (`cost.packed_rows_pay`, ~0.1 s). Plain decoding (speculative=False)
-            always uses the model's own lm_head, so its logits are HF's bit for bit.
+        cuda_graphs: replay captured CUDA graphs (`specdec.graphs`); None: on where the model runs on CUDA,
+            True elsewhere is refused, and a forward that cannot be captured runs eagerly.
+        heads_dtype: the heads' vocabulary projections' dtype (default: the model's); a head only proposes
+            tokens, so it changes speed and acceptance, never the output.
+        packed_rows: speculative rounds' vocabulary rows through a prepacked oneDNN lm_head (fp32 on a CPU);
+            None: where it measures at least 10% faster at load. Plain decoding keeps HF's logits bit for bit.
     """
     if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 1:
         raise ValueError(f"`max_batch_size` must be an integer >= 1, got {max_batch_size!r}")
@@ -181,8 +169,7 @@ def load(model=None, heads=None, device=None, dtype=None, tokenizer=None, prefix
     dev = resolve_device(device)
     args = (model, heads, dev, dtype, tokenizer, prefix_cache, cost_cache, max_batch_size, cuda_graphs, heads_dtype,
             packed_rows)
-    # The loading (and the measuring at load) leaves the caller's thread no OpenMP pool to slow the
-    # scheduler's rounds (`specdec.threads`).
+    # Off the caller's thread, so it keeps no OpenMP pool to slow the scheduler's rounds (`specdec.threads`).
     return off_the_callers_thread(dev, _load, *args)
 
 

@@ -1,8 +1,7 @@
 """Incremental detokenisation that never splits a multi-byte character.
 
-Decoding one token at a time breaks UTF-8 characters spread over several
-byte-level tokens. We decode a short window of the running ids and emit
-only the new, complete text (the approach of TGI and vLLM).
+Decoding one token at a time breaks UTF-8 characters spread over byte-level tokens, so a short window of
+the running ids is decoded and only the new, complete text is emitted (as TGI and vLLM do).
 """
 from __future__ import annotations
 
@@ -10,9 +9,10 @@ from typing import Callable
 
 
 def window_decoder(tokenizer) -> Callable[[list[int]], str]:
-    """`tokenizer.decode(ids, skip_special_tokens=False)`, straight through its Rust tokenizer where that is
-    exactly what `decode` does (a fast tokenizer with transformers' own `_decode` and no clean-up step):
-    the Python wrapper costs about twice the decode of a few ids, and this runs twice per emitted token."""
+    """`tokenizer.decode(ids, skip_special_tokens=False)`, through the Rust tokenizer where that is identical.
+
+    The Python wrapper costs more than decoding a few ids, and this runs twice per emitted token.
+    """
     try:
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
     except ImportError:  # another transformers layout: the tokenizer's own decode

@@ -46,8 +46,7 @@ class RoundEvent:
     finished: str | None = None  # None, "eos", "length" or "context"
     prompt_tokens: int = 0
     prefix_cache_hit: int = 0  # prompt tokens reused from the prefix cache (round 0 only)
-    # "seed" (round 0), "heads_ran" (the share of the heads that ran: 1, or 1/K for a probe), "lookup_match"
-    # (the length of the n-gram a drafted lookup chain followed)
+    # "seed" (round 0), "heads_ran" (1, or 1/K for a probe), "lookup_match" (a lookup chain's n-gram length)
     extra: dict = field(default_factory=dict)
     expected_length: float | None = None  # the dynamic tree's expected tokens this round (None: static)
 

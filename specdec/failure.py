@@ -34,8 +34,7 @@ class RequestFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class Outcome:
-    """One request's part of a round: its event (None when it failed before one was made), and why it ended
-    in error (None: it goes on, or finished), with the exception that raised, if one did."""
+    """One request's part of a round: its event (None if it failed first), its failure and error if any."""
 
     event: RoundEvent | None
     failure: Failure | None = None

@@ -43,15 +43,16 @@ def generate(loaded: Loaded, prompt: str | None = None, prompt_ids=None, max_new
              on_round: Callable[[RoundEvent], None] | None = None, eos_token_id="auto",
              lookup: int = DEFAULT_LOOKUP, lookup_ngram: int = 3, lookup_mode: str = "first",
              chat: bool = False, drafter: str = "auto") -> GenerationResult:
-    """Generate from a prompt (text or ids) and return tokens, text, events and stats.
+    """Generate from a prompt (text or ids) on `loaded.scheduler`; return tokens, text, events and stats.
 
-    `lookup` prompt-lookup tokens are drafted per round (0 = heads only). With
-    lookup_mode="first" a round whose context has an n-gram match drafts the
-    lookup chain alone and the heads draft the rest; "merge" merges both.
-    `chat=True` sends the prompt as one user turn through the tokenizer's chat template.
-    `drafter`: "auto" (the model's default), "medusa" or "eagle3", where the model has that drafter.
-    The request runs on `loaded.scheduler`, batched with whatever else runs there; an error inside
-    its round (its `on_round` callback raising, say) is a `RequestFailed` carrying its events so far.
+    Args:
+        lookup: prompt-lookup tokens drafted per round (0: heads only).
+        lookup_mode: "first" (a round with an n-gram match drafts the chain alone) or "merge" (with heads).
+        chat: send the prompt as one user turn through the tokenizer's chat template.
+        drafter: "auto" (the model's default), "medusa" or "eagle3", where the model has that drafter.
+
+    Raises:
+        RequestFailed: an error in the request's round (its `on_round` raising, say), with its events so far.
     """
     request = build_request(loaded, prompt, prompt_ids, max_new_tokens, temperature, top_k, top_p, min_p, seed, tree,
                        speculative, acceptance, eos_token_id, lookup, lookup_ngram, lookup_mode, chat, drafter)
@@ -71,8 +72,10 @@ def generate_batch(loaded: Loaded, prompts: list[str] | None = None, prompt_ids:
                    drafter: str = "auto") -> list[GenerationResult]:
     """Generate from several prompts (texts, or lists of ids) at once, decoded together on `loaded.scheduler`.
 
-    Every prompt gets the same settings (a seed seeds each request's own generator). Results come
-    in the prompts' order; a request that failed keeps its partial output, with `error` set.
+    Results come in the prompts' order; a request that failed keeps its partial output, with `error` set.
+
+    Args:
+        seed: seeds each request's own generator, every one with the same value.
     """
     if (prompts is None) == (prompt_ids is None):
         raise ValueError("pass `prompts` (texts) or `prompt_ids` (lists of token ids), not both")

@@ -1,13 +1,9 @@
 """A prefix KV cache: reuse the prefill of prompt prefixes seen before.
 
-Entries are keyed by the prompt's token ids. Because attention is causal,
-the keys and values of the first n positions depend only on the first n
-tokens, so any entry sharing a common prefix of length n with a new
-prompt can seed its cache with n positions (at least one token is always
-left to prefill, since the last position's hidden state is needed).
-Bounded by a byte budget with LRU eviction; one lock makes it safe under
-the app's worker threads. The stored tensors are never handed out:
-lookups return copies, so decoding can never corrupt an entry.
+Causal attention makes the first n positions' keys and values depend only on the first n tokens, so an
+entry sharing n leading tokens seeds a new prompt's cache (one token is always left to prefill, for its
+hidden state). LRU within a byte budget under one lock; lookups return copies, so decoding never corrupts
+an entry.
 """
 from __future__ import annotations
 
@@ -47,10 +43,12 @@ class PrefixCache:
         return self.hits / self.lookups if self.lookups else 0.0
 
     def lookup(self, model, ids: list[int], capacity: int | None = None, into=None):
-        """Return (a cache seeded with the longest shared prefix, its length) or (None, 0).
+        """(A cache seeded with the longest shared prefix, its length), or (None, 0).
 
-        `capacity`: the request's KV-buffer size (None: a growing DynamicCache); `into`: an empty cache
-        to seed instead of a fresh one (the request's own buffer)."""
+        Args:
+            capacity: the request's KV-buffer size (None: a growing DynamicCache).
+            into: an empty cache to seed instead of a fresh one (the request's own buffer).
+        """
         query = torch.tensor(ids, dtype=torch.long)
         with self._lock:
             self.lookups += 1
@@ -83,8 +81,7 @@ class PrefixCache:
         if size > self.max_bytes:
             return
         with self._lock:
-            # Check again: another thread may have inserted the same prompt while we copied.
-            # Counting its bytes twice would let `bytes` drift from the entries' sum.
+            # Another thread may have inserted this prompt while we copied: replace it so `bytes` stays exact.
             old = self._entries.pop(key, None)
             if old is not None:
                 self.bytes -= old.nbytes

@@ -1,9 +1,7 @@
 """One generation request, checked once, in one place.
 
-`GenerationRequest` holds what a caller asks for; its own fields are checked on construction
-(like HF's `GenerationConfig.validate()`), and `plan` checks what needs the model (vocabulary,
-context, sliding windows, heads, the tree) and returns the `Plan` the engine runs. The API, the CLI,
-the app and the benchmarks build requests; nothing after `plan` checks anything again.
+`GenerationRequest` checks its own fields on construction (like HF's `GenerationConfig.validate()`), and
+`plan` checks what needs the model and returns the `Plan` the engine runs; nothing after `plan` checks again.
 Every message names the parameter and its allowed values.
 """
 from __future__ import annotations
@@ -38,21 +36,21 @@ def _is_int(x) -> bool:
 class GenerationRequest:
     """What to generate, and how.
 
-    prompt_ids: [T] token ids (a list, a 1-D tensor, or a [1, T] tensor as tokenizers return it).
-    max_new_tokens: tokens to generate at most (EOS can end it sooner).
-    params: SamplingParams, or a callable read once per round (live tuning).
-    tree: "auto" (the dynamic tree: each round's tree is grown from the heads' confidence and sized
-        by the measured cost of a forward; see tree_policy.py), a fixed preset ("trained", "chain",
-        "small", "default", "mc_sim_7b_63", "none"), rank paths, or a Tree.
-    speculative: False decodes one token per target forward, the plain baseline.
-    acceptance: "auto" (greedy at temperature 0, else lossless), "greedy" (argmax for every token,
-        whatever the temperature), "lossless", or "typical" (Medusa's, lossy).
-    eos_token_id: "auto" (the model's EOS ids), None (never stop early), an id, or ids.
-    lookup: prompt-lookup tokens drafted per round (0 = off).
-    lookup_ngram: the longest suffix n-gram matched against the context.
-    lookup_mode: "first" (a round with a match drafts the chain alone) or "merge" (into the heads' tree).
-    drafter: which model drafts: "auto" (the engine's default), "medusa" (the heads) or "eagle3"; an
-        EAGLE-3 drafter grows its own tree each round (EAGLE-2), so with it `tree` is "auto" or "trained".
+    Args:
+        prompt_ids: [T] token ids (a list, a 1-D tensor, or a [1, T] tensor as tokenizers return it).
+        max_new_tokens: tokens to generate at most (EOS can end it sooner).
+        params: SamplingParams, or a callable read once per round (live tuning).
+        tree: "auto" (the dynamic tree, `tree_policy`), a preset ("trained", "chain", "small", "default",
+            "mc_sim_7b_63", "none"), rank paths, or a Tree.
+        speculative: False decodes one token per target forward, the plain baseline.
+        acceptance: "auto" (greedy at temperature 0, else lossless), "greedy" (argmax at any temperature),
+            "lossless", or "typical" (Medusa's, lossy).
+        eos_token_id: "auto" (the model's EOS ids), None (never stop early), an id, or ids.
+        lookup: prompt-lookup tokens drafted per round (0 = off).
+        lookup_ngram: the longest suffix n-gram matched against the context.
+        lookup_mode: "first" (a round with a match drafts the chain alone) or "merge" (into the heads' tree).
+        drafter: "auto" (the engine's default), "medusa" or "eagle3"; EAGLE-3 grows its own tree each
+            round, so with it `tree` is "auto" or "trained".
     """
 
     prompt_ids: tuple[int, ...]
@@ -142,9 +140,7 @@ class GenerationRequest:
         if not isinstance(first, SamplingParams):
             raise ValueError("`params` must be a SamplingParams or a callable returning one")
         if self.acceptance == "greedy":
-            # Greedy acceptance is argmax decoding: every emitted token (round 0, tree rounds and plain
-            # tail rounds alike) is the argmax, whatever the temperature. Events record the temperature
-            # actually used (0), so one output never mixes two laws.
+            # Every round is argmax decoding and its event records temperature 0, so one output has one law.
             get_params = (lambda src: lambda: src().replace(temperature=0.0))(get_params)
             first = first.replace(temperature=0.0)
         eos = self.eos_token_id
@@ -201,8 +197,7 @@ def _ids(value) -> set[int]:
 def default_eos(tokenizer, model) -> frozenset[int]:
     """Every id that ends a turn: the tokenizer's EOS plus each id of `generation_config.eos_token_id`.
 
-    Instruct models (Llama-3, Qwen2.5) list their end-of-turn ids in the generation config, and
-    the tokenizer's single EOS is often not among them, so neither alone is enough.
+    Instruct models list end-of-turn ids in the generation config that the tokenizer's one EOS often misses.
     """
     gen = getattr(model, "generation_config", None)
     return frozenset(_ids(getattr(tokenizer, "eos_token_id", None)) | _ids(getattr(gen, "eos_token_id", None)))

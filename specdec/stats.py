@@ -1,19 +1,7 @@
 """The numbers over round events, defined once: accepted length, per-depth acceptance, throughput, percentiles.
 
-The API's result stats, the app's stats line and charts, the Prometheus metrics, the benchmark
-and the load test all read these, so a figure means the same thing wherever it is shown.
-
-Definitions (round 0 is the prefill: it counts for tokens and time, never for acceptance):
-  mean accepted length  tokens emitted per target forward over decoding rounds (accepted drafts
-                        plus the target's own token); plain decoding scores exactly 1.0.
-  acceptance at depth d rounds that accepted >= d drafts / rounds whose tree reached depth d
-                        (the denominator: trees shrink near max_new_tokens, and plain rounds have none).
-  throughput            tokens / seconds, None without a positive duration.
-  percentile            nearest rank: the smallest value with at least q% of the values at or below it.
-  tree size             nodes a round's target forward verified, root included (1 for a plain round).
-  expected-length error mean |expected - verified| over rounds of the dynamic tree, where expected is
-                        the policy's expected tokens and verified the verifier's own (accepted drafts
-                        + 1, before any EOS or length cut); None without dynamic rounds.
+The API, the app, the metrics, the benchmark and the load test all read these, so a figure means the same
+thing wherever it is shown. Round 0 is the prefill: it counts for tokens and time, never for acceptance.
 """
 from __future__ import annotations
 
@@ -38,11 +26,7 @@ def accepted_drafts(ev: RoundEvent) -> int:
 
 
 def accepted_sources(ev: RoundEvent) -> list[str]:
-    """Who drafted each accepted token the round emitted, in order: "heads" or "lookup".
-
-    The emitted accepted tokens are the accepted path after the root, cut at EOS or
-    max_new_tokens. A chain token merged into a matching head node counts for the heads.
-    """
+    """Who drafted each accepted token, in order: "heads" or "lookup" (a merged chain node: heads)."""
     n = accepted_drafts(ev)
     if not ev.nodes:
         return ["heads"] * n
@@ -95,7 +79,7 @@ class DepthCounts:
         return out
 
     def rates(self) -> list[float]:
-        """Acceptance at depth d: accepted / reached (reached is never 0 for a listed depth)."""
+        """accepted / reached at each depth (never 0): rounds whose tree stopped short of d don't count."""
         return [a / n for a, n in zip(self.accepted, self.reached)]
 
     def given_previous(self) -> list[float | None]:
@@ -120,7 +104,7 @@ def depth_counts(events: Iterable[RoundEvent]) -> DepthCounts:
 
 
 def mean_accepted_length(events: Sequence[RoundEvent]) -> float | None:
-    """Tokens per target forward over decoding rounds (prefill excluded); None before the first one."""
+    """Tokens per target forward over decoding rounds (plain decoding: 1.0); None before the first one."""
     dec = decode_rounds(events)
     return sum(len(ev.emitted) for ev in dec) / len(dec) if dec else None
 
@@ -131,7 +115,7 @@ def tree_size(ev: RoundEvent) -> int:
 
 
 def expected_length_errors(events: Sequence[RoundEvent]) -> list[float]:
-    """|expected - verified| tokens for each round of the dynamic tree."""
+    """|expected - verified| tokens per dynamic-tree round; verified: accepted drafts + 1, before any cut."""
     return [abs(ev.expected_length - len(ev.accepted_path)) for ev in decode_rounds(events)
             if ev.expected_length is not None and ev.accepted_path]
 
@@ -153,7 +137,7 @@ def engine_seconds(events: Sequence[RoundEvent]) -> float:
 
 
 def percentile(values: Iterable[float], q: float) -> float | None:
-    """Nearest-rank q-th percentile (q in [0, 100]), or None for no values."""
+    """Nearest rank: the smallest value with at least q% of values at or below it (q in [0, 100]), or None."""
     s = sorted(values)
     if not s:
         return None
@@ -199,11 +183,7 @@ def change_rounds(events: Sequence[RoundEvent]) -> list[tuple[int, dict]]:
 
 
 def summarize(events: Sequence[RoundEvent], wall_seconds: float | None = None) -> dict:
-    """Every total of a run, as plain values.
-
-    tokens_per_second uses the engine's own round clocks; wall_tokens_per_second the caller's
-    `wall_seconds` (None when not given).
-    """
+    """A run's totals as plain values: tokens_per_second by the engine's clocks, wall_* by `wall_seconds`."""
     dec = decode_rounds(events)
     new = sum(len(ev.emitted) for ev in events)
     engine_s = engine_seconds(events)
