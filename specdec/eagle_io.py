@@ -1,13 +1,7 @@
-"""EAGLE-3 drafters on disk, in the two published layouts.
+"""EAGLE-3 drafters on disk: SafeAILab's layout (which vLLM and SGLang load) and vLLM's `speculators` layout.
 
-| layout | config.json | weights |
-| --- | --- | --- |
-| eagle3 (SafeAILab's, which vLLM and SGLang load) | a one-layer Llama config plus `draft_vocab_size` (and `target_hidden_size`, `eagle_config.eagle_aux_hidden_state_layer_ids` where set) | `fc.weight`, `midlayer.{self_attn,mlp}.*`, `midlayer.{hidden_norm,input_layernorm,post_attention_layernorm}.weight`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`, optional `embed_tokens.weight` |
-| speculators (vLLM's library) | `speculators_model_type: "eagle3"`, a nested `transformer_layer_config`, `draft_vocab_size` | the same module names, the layer as `layers.0.*` |
-
-specdec writes the first: what it trains is what vLLM and SGLang serve. A `.bin` file is a pickle, so it
-is read with `weights_only=True`. Shapes are checked against the target before anything runs, and a
-mismatch names both sides.
+specdec writes the first by default, so what it trains is what vLLM and SGLang serve. A `.bin` file is a
+pickle, so it is read with `weights_only=True`; shapes are checked against the target before anything runs.
 """
 from __future__ import annotations
 
@@ -48,8 +42,7 @@ def detect(directory: str | Path) -> str | None:
 
 def save_eagle(d: Eagle3, directory: str | Path, shape: Shape | None = None, dtype: torch.dtype | None = None,
                layout: str = "eagle3") -> Path:
-    """Write the drafter in `layout` ("eagle3" or "speculators": config.json + model.safetensors), weights in
-    `dtype` (default: as held). Returns the folder."""
+    """Write the drafter (config.json, model.safetensors) in `layout`, in `dtype` (default: as held)."""
     if layout not in FORMATS:
         raise ValueError(f"`layout` must be one of {FORMATS}, got {layout!r}")
     out = Path(directory)
@@ -111,9 +104,11 @@ def _speculators_config(config: dict, c: EagleConfig, shape: Shape) -> dict:
 
 
 def read_eagle(directory: str | Path, target: nn.Module | None) -> tuple[Eagle3, Shape, str]:
-    """Load an EAGLE-3 drafter for `target` from either layout: (drafter on the target's device and dtype,
-    its tree shape, layout). With target None (an export) nothing is checked against a target and the
-    drafter has no embedding table unless its checkpoint holds one."""
+    """Read an EAGLE-3 drafter in either layout: (drafter on the target's device and dtype, shape, layout).
+
+    Args:
+        target: None for an export: nothing is checked, and only the checkpoint's own embedding table is used.
+    """
     d = Path(directory)
     fmt = detect(d)
     if fmt is None:

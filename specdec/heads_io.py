@@ -1,18 +1,8 @@
 """Draft heads on disk, in three layouts: specdec's own, FasterDecoding's Medusa, and vLLM's Medusa.
 
-All three hold the same function, Medusa's head k: `lm_head_k(ResBlock^L(h))` with
-`ResBlock(x) = x + SiLU(W x + b)`, predicting token t+k+2 from the hidden state at t.
-Only the names differ:
-
-| layout | files | block weight of head h, layer l | vocabulary projection of head h |
-| --- | --- | --- | --- |
-| specdec | heads_config.json, heads.safetensors, tree.json | `blocks.{h}.{l}.linear.weight` / `.bias` | `lm_heads.{h}.weight`, or the target's lm_head (`shared_lm_head`) |
-| medusa (FasterDecoding) | config.json with `medusa_num_heads`, `medusa_num_layers`, `base_model_name_or_path`; medusa_lm_head.safetensors or .pt | `{h}.{l}.linear.weight` / `.bias` | `{h}.{L}.weight` (no bias) |
-| vllm | config.json with `model_type: "medusa"`, `num_heads`, `num_hidden_layers`, `medusa_fc_bias`; model.safetensors | `blocks.{h}.layers.{l}.weight` / `.bias` | `lm_heads.{h}.weight` |
-
-Counts are read from the weights, never from a config: FasterDecoding's published configs say 2
-heads where the files hold 5 (Medusa#114). A `.pt` file is a pickle, so it is read with
-`weights_only=True`, which refuses anything but tensors.
+All three hold Medusa's head k, `lm_head_k(ResBlock^L(h))` predicting token t+k+2, under different key names.
+Counts are read from the weights, never from a config, since published configs can disagree with their files;
+a `.pt` file is a pickle, so it is read with `weights_only=True`.
 """
 from __future__ import annotations
 
@@ -62,8 +52,8 @@ def detect_format(directory: str | Path) -> str:
 def read_heads(directory: str | Path, target: nn.Module | None = None) -> tuple[MedusaHeads, list | None, str]:
     """Load heads in any layout: (heads on the target's device and dtype, tree paths or None, layout).
 
-    The tree is the folder's tree.json when it has one, else Medusa's `mc_sim_7b_63` for 5 heads.
-    `target` may be None only for heads with their own vocabulary projections (an export).
+    Args:
+        target: None only for heads with their own vocabulary projections (an export).
     """
     d = Path(directory)
     fmt = detect_format(d)
@@ -85,8 +75,7 @@ def write_heads(heads: MedusaHeads, out: str | Path, fmt: str, tree=None, base_m
                 dtype: torch.dtype | None = None) -> Path:
     """Write heads in `fmt` ("specdec", "medusa" or "vllm") in `dtype` (default: as they are in memory).
 
-    A projection shared with the target's lm_head is written once as vLLM's `original_lm_head`; Medusa's
-    layout has no shared form, so there it is copied into each head.
+    A shared projection is written once (vLLM's `original_lm_head`); Medusa's layout copies it into each head.
     """
     if fmt not in FORMATS:
         raise ValueError(f"`format` must be one of {FORMATS}, got {fmt!r}")
