@@ -1,9 +1,7 @@
 """A model's attention layout: each decoder layer's type and window, read as HF's own cache builder reads it.
 
-A tree's rollback gathers plain keys and values per position, so only layers whose cache is exactly
-that can take part: full attention, and sliding or chunked windows (kept as full history, see
-`specdec.kv_cache`). Linear attention, state-space and other recurrent or shared-state layers are
-refused at load, by name.
+A tree's rollback gathers plain keys and values per position, so only full, sliding and chunked attention
+(kept as full history, see `specdec.kv_cache`) take part; recurrent or shared-state layers are refused.
 """
 from __future__ import annotations
 
@@ -31,11 +29,7 @@ class AttentionLayout:
 
 
 def attention_layout(config) -> AttentionLayout:
-    """The attention layout of a model config, as HF's own cache builder reads it.
-
-    Raises ValueError naming the layer type when a layer keeps state a tree rollback cannot
-    restore: linear attention, state-space and other recurrent or hybrid layers, shared KV.
-    """
+    """The attention layout of a model config; ValueError names a layer type a rollback cannot restore."""
     text = config.get_text_config(decoder=True)
     types, kwargs = get_layer_types_and_kwargs(text)
     bad = sorted({t for t in types if t not in SUPPORTED_LAYER_TYPES})

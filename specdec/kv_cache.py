@@ -1,17 +1,9 @@
-"""Every KV-cache manipulation specdec does, in one place.
+"""Every KV-cache manipulation specdec does, in one place: transformers' cache API moves between versions.
 
-Tested with transformers 5.23 (`DynamicCache` made of `DynamicLayer`s whose `keys`/`values` are
-[B, H, T, Dh]). The cache API moved between 5.17 and 5.24 (`crop` now takes a negative count; the
-model kwarg is being renamed), so nothing outside this module touches cache internals.
-
-After a tree forward the cache holds the committed prefix followed by all N tree nodes. `keep_path`
-gathers the accepted nodes' entries into the slots right after the prefix and drops the rest: a
-gather, not a crop, because the accepted nodes need not be the first ones in tree order.
-
-Sliding-window (and chunked) attention layers get a plain full-history layer too: HF's sliding layer
-drops old entries as it goes, which a tree rollback cannot undo. Within the smallest window the
-window hides nothing, so the result is exact there; `Engine` refuses requests that would outrun it.
-Which layers a model has, and which it cannot roll back, is `specdec.attention`.
+After a tree forward the cache holds the prefix then all N nodes; `keep_path` gathers the accepted ones
+right after the prefix (a gather, not a crop: they need not come first in tree order). Sliding and chunked
+layers keep full history too, since HF's sliding layer drops entries a rollback cannot restore; that is
+exact within the smallest window, and `Engine` refuses requests that would outrun it (`specdec.attention`).
 """
 from __future__ import annotations
 
@@ -25,12 +17,10 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 def _allocate(layer: CacheLayerMixin, rows: int, capacity: int, key_states: torch.Tensor,
               value_states: torch.Tensor) -> None:
-    """Give a layer its zeroed buffers, [rows, kv_heads, capacity, head_dim], shaped like the first step's states.
+    """Give a layer zeroed buffers [rows, kv_heads, capacity, head_dim] shaped like the first step's states.
 
-    Every layer's keys and values are views of one block [L, 2, rows, kv_heads, capacity, head_dim]
-    where the layers agree in shape (almost every model), so a commit moves all of them with one
-    gather and one copy (`keep_path`), not two per layer: 96 kernel launches fewer a round on a
-    24-layer model. A layer that differs gets its own tensors, and commits go layer by layer.
+    Layers that agree in shape are views of one block [L, 2, rows, kv_heads, capacity, head_dim], so `keep_path`
+    commits them all with one gather and one copy; a layer that differs gets its own tensors.
     """
     owner, i = layer.owner, layer.index
     Hk, D, Dv = key_states.shape[1], key_states.shape[-1], value_states.shape[-1]
@@ -65,17 +55,11 @@ class _BufferLayer(CacheLayerMixin):
 
 
 class _SlotLayer(_BufferLayer):
-    """One layer's keys and values, preallocated [1, kv_heads, capacity, head_dim] and written at slots.
-
-    `update` writes the step's T entries at slots [length, length + T) and returns the whole buffer;
-    the 4D mask (covering [0, capacity)) hides the slots that hold nothing committed.
-    """
+    """One layer's keys and values [1, kv_heads, capacity, head_dim]; a step writes [length, length + T)."""
 
     @property
     def is_compileable(self) -> bool:
-        # Only a whole-buffer cache has shapes that repeat. HF also reads this flag: for a compileable
-        # cache it builds a one-token step's mask instead of skipping it, which over the slots in use
-        # (a CPU) would cost every plain round a mask that hides nothing.
+        # Only a whole-buffer cache repeats shapes, and HF then builds a one-token step's mask it otherwise skips.
         return hides_slots(self.owner)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -107,17 +91,14 @@ class _SlotLayer(_BufferLayer):
 class SlotCache(Cache):
     """specdec's position-addressed KV buffer: `capacity` slots per layer, fixed at request start.
 
-    Slots [0, length) hold the committed tokens in order, so slot s is position s. A forward of T
-    tokens writes slots [length, length + T) and `advance` counts them; `keep_path` then moves the
-    accepted ones to [L, L + a) with one `index_copy_` per layer. RoPE positions come from the
-    caller's `position_ids`, never from the slot, so a tree's nodes can sit at any slot.
+    Committed slot s holds position s; RoPE positions come from the caller's `position_ids`, so a tree's nodes
+    can sit at any slot.
     """
 
     def __init__(self, num_layers: int, capacity: int, fixed_shapes: bool = True) -> None:
         self.capacity = int(capacity)
         self.length = 0
-        # Attend over the whole buffer (shapes repeat: what CUDA graphs need), or only over the slots in
-        # use (less attention work where every op runs eagerly, as on a CPU).
+        # The whole buffer repeats shapes, as CUDA graphs need; the slots in use do less work eagerly.
         self.fixed_shapes = fixed_shapes
         # [T] slots on the device for the next forward, not [length, length + T): set only around a captured one
         self.write_index: torch.Tensor | None = None
@@ -144,11 +125,7 @@ class SlotCache(Cache):
 
 
 class _RowsLayer(_BufferLayer):
-    """One layer's keys and values for a batch of rows, [R, kv_heads, capacity, head_dim].
-
-    A forward covers the rows [lo, hi) (a view, no copy) and writes each row's T entries at that
-    row's own slots [start_b, start_b + T); the 4D mask hides every slot a row has not committed.
-    """
+    """One layer's keys and values for a batch of rows [R, kv_heads, capacity, head_dim], each at its length."""
 
     is_compileable = False
 
@@ -178,10 +155,7 @@ class _RowsLayer(_BufferLayer):
 class BatchCache(Cache):
     """The position-addressed KV buffer of a batch: `rows` requests, one committed length per row.
 
-    Row r's slots [0, lengths[r]) hold its committed tokens in order, as a SlotCache's do. A
-    batched forward covers a contiguous range of rows (`begin`), each writing its tree at its own
-    length; `keep_path` then commits each row's accepted path on its own (one `index_copy_` per
-    layer, in that row only). A request holds a `RowCache`, its view of one row.
+    A forward covers contiguous rows (`begin`); a request holds a `RowCache`, its view of one row.
     """
 
     def __init__(self, num_layers: int, rows: int, capacity: int, fixed_shapes: bool = True) -> None:
@@ -317,9 +291,7 @@ def mask_width(cache: Cache, new_tokens: int) -> int:
 
 
 def hides_slots(cache: Cache) -> bool:
-    """Does a forward over this cache attend over slots that hold nothing committed (a SlotCache's whole
-    buffer, as CUDA graphs need), so that only an explicit 4D mask can hide them? Over the slots in
-    use, slot s is position s and HF's own causal masks are exact."""
+    """Must a 4D mask hide uncommitted slots (a whole-buffer SlotCache)? Else HF's causal masks are exact."""
     return isinstance(cache, SlotCache) and cache.fixed_shapes
 
 
@@ -332,9 +304,6 @@ def advance(cache: Cache, new_tokens: int) -> None:
 @torch.inference_mode()
 def keep_path(cache: Cache, prefix_len: int, nodes: list[int]) -> None:
     """Keep the prefix plus the tree nodes `nodes` (indices after the prefix), in that order.
-
-    One gather and one copy over every layer at once where the buffer is one block (`_allocate`),
-    else two per layer; for a RowCache, in its row only. Nothing moves when the path is contiguous.
 
     Args:
         prefix_len: committed tokens before the tree.
@@ -380,7 +349,8 @@ def restore(model, saved: list[tuple[torch.Tensor, torch.Tensor]], upto: int, ca
             into: Cache | None = None) -> Cache:
     """A cache holding the first `upto` entries of a snapshot (copied, so the snapshot stays intact).
 
-    into: an empty cache to fill (a pooled buffer the captured forwards write); None makes a fresh one.
+    Args:
+        into: an empty cache to fill (a pooled buffer the captured forwards write); None makes a fresh one.
     """
     cache = into if into is not None else new_cache(model, capacity)
     if isinstance(cache, SlotCache):

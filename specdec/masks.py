@@ -1,9 +1,8 @@
-"""The one 4D attention mask builder: what each new token of a round may see, eager or inside a captured graph.
+"""The one 4D attention mask builder: what each new token of a round sees, eagerly or in a captured graph.
 
-A row of a round holds `past` committed tokens in key slots [0, past) and its T new tokens in slots
-[past, past + T); new token t sees every committed slot and the new slots its tree row allows (its
-ancestors and itself; a causal chain is the lower triangle). Every other slot (a buffer's unused or stale
-ones, another request's padding) is hidden. Sliding-window layers also hide keys at or beyond the window.
+A row holds `past` committed tokens in key slots [0, past) and its T new tokens in [past, past + T); new
+token t sees every committed slot and its tree ancestors and itself. Every other slot (unused, stale, another
+request's padding) is hidden, and sliding-window layers also hide keys at or beyond the window.
 """
 from __future__ import annotations
 
@@ -24,17 +23,17 @@ def visible(past: torch.Tensor, see: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def additive(seen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[b, T, width] bool -> the additive mask [b, 1, T, width] HF's attention takes (0 seen, dtype's min hidden)."""
+    """[b, T, width] bool -> the additive mask [b, 1, T, width] HF's attention takes (0 seen, min hidden)."""
     return torch.where(seen, torch.zeros((), dtype=dtype, device=seen.device), torch.finfo(dtype).min)[:, None]
 
 
 def build(past: torch.Tensor, see: torch.Tensor, depth: torch.Tensor, width: int, dtype: torch.dtype,
           window: int | None = None, window_mode: str | None = None):
-    """The mask argument of a round: [b, 1, T, width] (on `see`'s device), or a dict per layer type where
-    full and sliding layers mix (`window_mode` "mapping"; "uniform": every layer slides).
+    """The mask argument of a round: [b, 1, T, width], or with `window_mode` "mapping" a dict per layer type.
 
     Args:
         depth: [b, T] each new token's depth (its position is past + depth).
+        window_mode: "uniform" (every layer slides), "mapping" (full and sliding layers mix), or None.
     """
     mask = additive(visible(past, see, width), dtype)
     if window_mode not in ("uniform", "mapping"):

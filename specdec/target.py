@@ -1,10 +1,8 @@
 """The target model: any HF causal LM, driven through its public inputs.
 
-Tree attention needs only what `forward` already accepts: a 4D additive
-attention mask [B, 1, q, past + q] and `position_ids`. We call the base
-model (one forward) for the last hidden states, which the draft heads
-read, and apply the output projection ourselves, only to the rows the
-verifier visits.
+Tree attention needs only what `forward` already accepts: a 4D additive mask [B, 1, q, past + q] and
+`position_ids`. One base-model forward gives the hidden states the drafters read; the output projection
+runs only on the rows the verifier visits.
 """
 from __future__ import annotations
 
@@ -18,8 +16,7 @@ from .attention import attention_layout
 from .sampler import finite_logits
 
 log = logging.getLogger(__name__)
-# Attention implementations that take an arbitrary 4D additive mask. Flash-attention, flex and paged
-# kernels build their own causal masks (or read varlen metadata) and would drop the tree's mask.
+# Attention implementations that honour a 4D additive mask; flash, flex and paged kernels would drop the tree's.
 MASK_AWARE_ATTENTION = ("sdpa", "eager")
 
 
@@ -59,30 +56,28 @@ class TargetModel:
         self.window_mode = self._window_mode()
         # The last position a request may reach exactly: None (no limit) once the window is in the masks.
         self.exact_limit = self.window if self.window_mode == "bounded" else None
-        # specdec's position-addressed buffer where the model's attention honours it; HF's growing cache else.
         self.graphs = None  # specdec.graphs.Graphs once `use_graphs` is called: captured forwards
-        # HF `hidden_states` indices an EAGLE-3 drafter reads (`use_taps`): a forward called with `taps=True`
-        # returns [..., H + len(taps) * H], the last hidden state followed by those states. Only the requests
-        # that draft with it ask: returning every layer's states costs other requests 10-20% on a CPU.
+        # HF `hidden_states` indices an EAGLE-3 drafter reads; only its requests ask, as every layer's states cost.
         self.taps: tuple[int, ...] | None = None
+        # specdec's position-addressed buffer where the model's attention honours it; HF's growing cache else.
         self.slots = self._slots_work()
         ok, raised, why = self._trees_work()
         if not ok:
             why = (f"{type(model).__name__} cannot verify a draft tree exactly: a tree forward ({why}). specdec "
                    "passes each tree as a 4D attention mask with explicit positions; models that build their "
                    "positions from a 2D mask instead (ALiBi: BLOOM, MPT, Falcon-RW) cannot take it")
-            # In fp32 a disagreement is a wrong tree. In bf16/fp16 another attention kernel alone moves a deep
-            # model's states by percents, and a random-weight model barely depends on its context, so the
-            # probe cannot tell rounding from a wrong mask on every model: there it warns, and only a tree
-            # forward that raises is refused.
+            # Below fp32 the probe cannot always tell kernel rounding from a wrong mask, so only a raise is refused.
             if raised or self.dtype == torch.float32:
                 raise ValueError(why)
             log.warning("%s (in %s; this probe is strict in float32 only)", why, self.dtype)
         self.packed_rows = None  # specdec.packed.PackedProjection once `use_packed_rows` is called
 
     def use_taps(self, layers) -> None:
-        """The hidden states a forward called with `taps=True` also returns: those entering these layers (HF
-        `output_hidden_states` indices, 0 = the embeddings), after the last hidden state on the last axis."""
+        """Set the states a `taps=True` forward returns after the last hidden state: [..., H + len(layers) * H].
+
+        Args:
+            layers: HF `output_hidden_states` indices of the states entering those layers (0 = the embeddings).
+        """
         n = getattr(self.model.config, "num_hidden_layers", None)
         layers = tuple(int(i) for i in layers)
         if n is not None and not all(0 <= i <= n for i in layers):
@@ -98,9 +93,7 @@ class TargetModel:
         return torch.cat([out.last_hidden_state] + [states[i] for i in self.taps], -1)
 
     def use_packed_rows(self, on: bool = True) -> bool:
-        """Compute two or more vocabulary rows through oneDNN with a prepacked lm_head (CPU, fp32; see
-        specdec.packed); one row stays on the model's own lm_head unless `logits(pack_one=True)`.
-        Returns whether it is on."""
+        """Project two or more rows through a prepacked oneDNN lm_head (CPU, fp32); returns whether it is on."""
         from . import packed
 
         self.packed_rows = packed.PackedProjection(self.lm_head) if on and packed.available(self.lm_head) else None
@@ -121,8 +114,7 @@ class TargetModel:
         return True
 
     def new_cache(self, slots: int | None):
-        """A request's empty KV buffer for `slots` (None: HF's growing cache). With CUDA graphs it is
-        their pooled one where one is free, lent to this request until `release`."""
+        """A request's empty KV buffer for `slots` (None: growing); with graphs, a pooled one until `release`."""
         if slots is not None and self.graphs is not None:
             lent = self.graphs.cache(slots)
             if lent is not None:
@@ -135,15 +127,12 @@ class TargetModel:
             self.graphs.release(cache, failed)
 
     def _window_mode(self) -> str | None:
-        """How a tree's mask reaches sliding-window layers.
+        """How the window reaches sliding layers, since HF hands a tree's 4D mask to every layer unchanged.
 
-        A tree forward passes its own 4D mask, which HF then hands to every layer as it is; past the
-        window a sliding layer must also stop seeing the oldest tokens, so the window goes into the mask:
-        - "uniform": every layer slides by the same window (Mistral, Phi-3, Mixtral): one windowed mask;
-        - "mapping": full and sliding layers mixed (Gemma-2/3, Qwen2/3): a mask per layer type, which
-          those models accept as a dict keyed by layer type (checked here with a 2-token probe);
-        - "bounded": anything else (chunked attention, several window sizes): exact only within the
-          smallest window, and `Engine` refuses longer requests before their first token.
+        Returns:
+            "uniform" (every layer slides by one window: one windowed mask), "mapping" (full and sliding layers
+            mixed: a mask per layer type, if the model takes that dict), "bounded" (otherwise: exact only within
+            the smallest window, and `Engine` refuses longer requests), or None without windows.
         """
         windows = {w for w in self.layout.windows if w}
         if not windows:
@@ -157,8 +146,7 @@ class TargetModel:
 
     @torch.inference_mode()
     def _accepts_mask_mapping(self) -> bool:
-        """Does the model take {layer type: 4D mask} and apply it? Two tokens, with token 0 hidden from
-        token 1 in every layer: if the mapping is applied, token 1's hidden state changes."""
+        """Does the model apply a {layer type: 4D mask} dict (hiding token 0 must change token 1's state)?"""
         ids = torch.tensor([[1, 2]], device=self.device)
         neg = torch.finfo(self.dtype).min
         blind = torch.tensor([[0.0, neg], [neg, 0.0]], dtype=self.dtype, device=self.device)[None, None]
@@ -174,9 +162,7 @@ class TargetModel:
 
     @torch.inference_mode()
     def _slots_work(self) -> bool:
-        """Does the model write and read a SlotCache as it should? Three tokens then one through the buffer
-        must match a cache-free forward of all four; a model whose attention keeps its own cache, or
-        ignores the slots, falls back to HF's DynamicCache (exact, but shapes change every round)."""
+        """Does a forward through a SlotCache match a cache-free one? If not, the model uses HF's DynamicCache."""
         ids = (torch.arange(4) * 7 + 3) % self.vocab_size
         try:
             want = self.base(input_ids=ids[None].to(self.device), use_cache=False).last_hidden_state[0, -1]
@@ -195,10 +181,7 @@ class TargetModel:
 
     @torch.inference_mode()
     def _trees_work(self) -> tuple[bool, bool, str]:
-        """Does a tree forward (4D mask, positions = past + depth) give each node the hidden state of a
-        cache-free forward of its own path? Two tokens, then a root with two children; -> (ok, raised, why
-        not). Models whose attention cannot take it (ALiBi, built from a 2D mask) raise or disagree here, at
-        load, not in a visitor's first request."""
+        """Does a tree forward give each node its own path's cache-free hidden state? -> (ok, raised, why not)."""
         ids = ((torch.arange(4) * 11 + 5) % self.vocab_size).tolist()
         tree = torch.tensor([[True, False, False], [True, True, False], [True, False, True]])
         try:
@@ -216,10 +199,8 @@ class TargetModel:
     def _agrees(self, got: torch.Tensor, want: torch.Tensor, token: torch.Tensor) -> bool:
         """Is a probe's hidden state [H] the reference's, up to this dtype's rounding?
 
-        In fp32 the two agree to 1e-2 of the norm (in fact to ~1e-6). In bf16/fp16 a different attention
-        kernel alone moves a deep model's last hidden state by several percent, so there the answer must
-        be within 15% and at least four times nearer than a plainly wrong one: the same token without its
-        context, which is what a model that ignored the buffer would compute.
+        Below fp32 another kernel alone moves a deep model's states by percents, so there it need only be much
+        nearer than the token without its context (what a model ignoring the buffer computes).
         """
         err, norm = (got - want).float().norm(), want.float().norm()
         if err <= 1e-2 * norm + 1e-5:
@@ -231,11 +212,7 @@ class TargetModel:
 
     @torch.inference_mode()
     def rows_work(self) -> tuple[bool, str]:
-        """Can this model run a batch of requests in the rows of one KV buffer (`forward_rows`)?
-
-        Two requests of different lengths, one with a two-node tree, must give the hidden states of
-        cache-free forwards of each; -> (ok, why not).
-        """
+        """Can this model run a batch of requests in the rows of one KV buffer (`forward_rows`)? -> (ok, why not)."""
         ids = ((torch.arange(7) * 5 + 2) % self.vocab_size).tolist()
         try:
             L = self.model.config.get_text_config(decoder=True).num_hidden_layers
@@ -286,12 +263,10 @@ class TargetModel:
     @torch.inference_mode()
     def forward_rows(self, cache: kv_cache.BatchCache, lo: int, tokens: list[list[int]],
                      trees: list[tuple[torch.Tensor, torch.Tensor] | None], taps: bool = False) -> torch.Tensor:
-        """One forward of several requests' trees, each after its own prefix in its own row; -> [b, T, H].
+        """One forward of several requests' trees, request i in row lo + i after its own prefix; -> [b, T, H].
 
-        Request i runs in row lo + i at that row's committed length, with its own positions and mask
-        rows. Trees are padded to T, the largest: a padding query sees only its own slot, and every
-        real query is masked from the padding, so each request's rows are what its own forward gives.
-        Nothing is committed: `kv_cache.keep_path` does that per row.
+        Padding and real queries are masked from each other, so each request's rows are what its own forward
+        gives; nothing is committed (`kv_cache.keep_path` does that per row).
 
         Args:
             tokens: [b][N_i] each request's node tokens, root first.
@@ -327,13 +302,7 @@ class TargetModel:
 
     def _forward_row(self, cache: kv_cache.BatchCache, row: int, tokens: list[int],
                      tree: tuple[torch.Tensor, torch.Tensor] | None, taps: bool = False) -> torch.Tensor:
-        """`forward_rows` for one request over the slots in use: `forward`'s masks, not a batch's. -> [1, T, H]
-
-        A lone request needs no padding, so its round is the one its own buffer would run: HF's causal
-        masks for a chain (none at all for one token), else the tree's 4D mask over [0, past + T).
-        Measured on the embedded model: a plain round's forward 1.8 ms through the batch's masks against
-        1.3-1.7 ms on a request's own buffer.
-        """
+        """`forward_rows` for one request with `forward`'s masks, cheaper than the batch's; -> [1, T, H]."""
         T = len(tokens)
         width = cache.begin(row, 1, T)
         pos, kwargs = self._inputs(T, cache.starts[0], width, *(tree or (None, None)), hides_slots=False)
@@ -345,10 +314,8 @@ class TargetModel:
                 hides_slots: bool) -> tuple[torch.Tensor, dict]:
         """Positions [T] and the mask argument of T new tokens after `past` committed ones, one request.
 
-        A causal run over only the slots in use (slot s holds position s) leaves the masks to HF: the causal
-        (and window) masks, and for one token none at all (what HF's own decoding step does), which a 4D
-        mask would cost. A tree, or a buffer whose unused slots must be hidden, gets the 4D mask over
-        `width` key slots (a causal run as the chain tree).
+        A causal run over the slots in use leaves masking to HF, which is cheaper (none for one token); a tree, or
+        a buffer whose unused slots must be hidden, gets the 4D mask over `width` key slots.
         """
         if tree_mask is None and not hides_slots:
             return torch.arange(past, past + T, device=self.device), {}
@@ -373,11 +340,9 @@ class TargetModel:
     def logits(self, hidden: torch.Tensor, pack_one: bool = False) -> torch.Tensor:
         """[..., H] -> [..., V] float32 logits, as the model's own head computes them.
 
-        With packed rows on, two or more rows go through the packed copy; a single row stays on the
-        model's own lm_head (HF's logits bit for bit: what plain decoding promises) unless `pack_one`.
-        A speculative request passes it: its drafted rounds read the packed copy, and its one-row
-        rounds reading the lm_head too kept two 3 MB copies of one weight taking turns in the cache
-        (embedded model, T = 1.0: its plain rounds' rows took 0.27 ms, against 0.14 ms packed).
+        With packed rows on, two or more rows use the packed copy; one row stays on the lm_head (HF's logits bit
+        for bit, as plain decoding promises) unless `pack_one`, which speculative requests pass so that only
+        one copy of the weight competes for the CPU cache.
         """
         hidden = hidden[..., : self.hidden_size]  # without the states an EAGLE-3 drafter reads
         rows = hidden.reshape(-1, hidden.shape[-1]) if hidden.dim() <= 2 else None  # [M, H]; batches: the head
@@ -393,8 +358,7 @@ class TargetModel:
 
 
 def cache_arg(fn) -> str:
-    """The name `fn` (a model's forward, or `generate`) gives its KV cache input: `cache` in newer transformers,
-    `past_key_values` before (which newer versions still take, with a FutureWarning)."""
+    """The name `fn` gives its KV cache input: `cache` in newer transformers, else `past_key_values`."""
     import inspect
 
     return "cache" if "cache" in inspect.signature(fn).parameters else "past_key_values"
