@@ -1,9 +1,8 @@
 """Captured callables over static inputs: a CUDA graph, or its CPU stand-in, and the target forward.
 
-`specdec.graphs` decides what to capture and when; this module only knows how. A graph fixes every
-address and shape, so the forward here reads everything that changes from one round to the next
-from a static input buffer (ids, positions, write slots, each query's ancestors), builds its 4D mask
-from it inside the graph, and has the layers write their keys and values through a device index.
+`specdec.graphs` decides what to capture and when; this module only knows how. A graph fixes every address
+and shape, so the forward reads each round's inputs from one static buffer, builds its 4D mask inside the
+graph, and has the layers write keys and values through a device index.
 """
 from __future__ import annotations
 
@@ -13,14 +12,13 @@ import torch
 
 from . import kv_cache, masks
 
-Row = tuple[torch.Tensor, int, "torch.Tensor | None", "torch.Tensor | None"]  # ids [T], past, tree mask [T, T], depth [T]
+Row = tuple[torch.Tensor, int, "torch.Tensor | None", "torch.Tensor | None"]  # ids [T], past, mask [T, T], depth [T]
 
 
 class CudaReplay:
     """fn captured as one torch.cuda.CUDAGraph (after warm-up on a side stream); calling it replays.
 
-    Each graph has its own memory pool: a failed capture then cannot leave a shared pool marked as
-    recording, which would make every later capture fail too.
+    Each graph has its own memory pool, so a failed capture cannot leave a shared pool recording.
     """
 
     def __init__(self, fn: Callable[[], torch.Tensor], warmup: int = 2) -> None:
@@ -54,11 +52,7 @@ class CudaReplay:
 
 
 def _abandon(capture, graph) -> None:
-    """Close a capture that failed, so that the next one can begin.
-
-    torch's own exit stops at the first error: after an invalidated capture, `capture_end` raises
-    before the stream is restored and before the allocator stops routing to the graph's pool.
-    """
+    """Close a failed capture step by step, since torch's own exit stops at its first error."""
     for step in (graph.capture_end, lambda: capture.stream_ctx.__exit__(None, None, None),
                  lambda: torch._C._cuda_endAllocateToPool(torch.cuda.current_device(), graph.pool())):
         try:
@@ -99,10 +93,8 @@ def _addresses(state) -> list[int]:
 class Forward:
     """One captured target forward: B rows of Tb query tokens, over a KV buffer of C slots per row.
 
-    B = 1 runs over a pooled SlotCache (one request); B > 1 over the first B rows of a BatchCache (a
-    batched round), where rows beyond the round's requests are free and take padding. A padding
-    query (in a free row, or past a request's own nodes) sees only its own slot, and no real query
-    sees it, so each real row is what its own eager forward gives.
+    B = 1 runs over a pooled SlotCache, B > 1 over a BatchCache's first B rows; a padding query sees only its
+    own slot and no real query sees it, so each real row is what its own eager forward gives.
     """
 
     def __init__(self, target, cache, rows: int, tokens: int, capture: Callable) -> None:
@@ -128,12 +120,10 @@ class Forward:
             return out.last_hidden_state  # [B, Tb, H]
 
         self.forward, self.cache, self.capture = forward, cache, capture
-        self.replay = None  # captured on the first call, once the inputs hold a real round: the warm-up
-        # runs write the buffer at the slots the inputs name, and zeros would overwrite committed slots
+        self.replay = None  # captured on the first real round, since warm-up runs write at the inputs' slots
 
     def __call__(self, rows: list[Row]) -> torch.Tensor:
-        """Each request's (ids [T_i], past, tree mask [T_i, T_i] or None for a chain, depth [T_i] or None),
-        in rows 0.. -> hidden [b, T, H], T the longest."""
+        """The round's `Row`s (None mask and depth: a chain), in rows 0.. -> hidden [b, T, H], T the longest."""
         self.fill(rows)
         self.io.copy_(self.stage, non_blocking=True)
         if self.copied is not None:

@@ -1,28 +1,10 @@
 """CUDA-graph capture and replay of the target forward and the draft heads (opt-in, CUDA by default).
 
-On a GPU a small model's eager forward is bound by kernel launches, not arithmetic: it costs about
-the same whether it carries 1 token or 256, and a graph replay removes most of that cost. A graph
-fixes every address and shape, so here:
-- the KV buffer is pooled: POOL_SIZE SlotCaches per capacity bucket, each lent to one request at a
-  time (`Graphs.cache`), so that two streams side by side (the app's race) both replay; a request
-  that finds them all lent out gets its own buffer and runs eagerly;
-- a round of N nodes runs in the graph of the next token bucket (1, 2, 4, ... 128): a padding
-  query sees only its own slot and no real query sees it, so the real rows are the eager ones;
-- a round's inputs (ids, positions, write slots, the tree's ancestor rows) reach the device in
-  one host-to-device copy into a static buffer; the 4D mask is built inside the graph from them,
-  and every layer writes its keys and values through a device index (`SlotCache.write_index`);
-- every bucket of a pooled buffer is captured when the buffer is allocated (still empty), after two
-  warm-up runs each;
-- a batched round (`TargetModel.forward_rows`) replays the graph of its (rows, bucket) pair over the
-  batch's own buffer: rows are bucketed too (1, 2, 4, ... up to the batch size), captured on first use.
-When capture fails (an op that syncs with the host, say), that pair runs eagerly from then on and
-one log line says why; nothing crashes and nothing changes the output. How a forward is captured
-(static inputs, the mask built in the graph) is `specdec.captured`.
-
-On a CPU there is nothing to capture, but the same code runs under `RecordedReplay`, which
-replays by re-running the captured function with the Python state it saw at capture time: a value
-that a real graph would bake in (the cache's length, a slice bound) then gives a wrong answer in
-the CPU tests too, which is how they catch it.
+A small model's eager GPU forward is bound by kernel launches, which a replay removes. A graph fixes every
+address and shape, so KV buffers are pooled (POOL_SIZE per capacity, each lent to one request; one finding
+none free runs eagerly), and a round replays the graph of its token bucket (a batch: of its row bucket too)
+with padding masked both ways. A failed capture runs that shape eagerly from then on. On a CPU,
+`RecordedReplay` reruns with the Python state seen at capture, so tests catch values a graph would bake in.
 """
 from __future__ import annotations
 
@@ -74,8 +56,7 @@ class Graphs:
         self._cores: dict[tuple[int, int], kv_cache.SlotCache] = {}  # (capacity, j) -> a pooled buffer
         self._lent: dict[tuple[int, int], weakref.ref] = {}  # (capacity, j) -> the request's cache over it
         self._forwards: dict[tuple, Forward | None] = {}  # (capacity, j, bucket); None: runs eagerly
-        # Batches' buffers with captured forwards (kept on each buffer, `BatchCache.graphs`, so that they
-        # go with it: a graph holding a buffer must not keep it alive, nor outlive it).
+        # Batches' buffers with graphs, kept on each buffer so a graph neither keeps it alive nor outlives it.
         self._batched: weakref.WeakSet = weakref.WeakSet()
         self._heads: dict[tuple[int, int], tuple[object, torch.Tensor, Callable] | None] = {}  # (id(heads), k)
         self.failures: dict[str, str] = {}  # what fell back to eager, and why
@@ -99,7 +80,7 @@ class Graphs:
     # -- the pooled KV buffers ---------------------------------------------------------
     @torch.inference_mode()
     def cache(self, slots: int) -> kv_cache.SlotCache | None:
-        """An empty cache over a pooled buffer for `slots`, lent until it is released or dropped; None if all are lent."""
+        """An empty cache over a pooled buffer for `slots`, lent until released or dropped; None if all are lent."""
         C = kv_cache.bucket(slots, CAPACITY_STEP)  # slots: prompt + new tokens + room for the largest round
         with self._lock:
             key = next(((C, j) for j in range(POOL_SIZE) if self._lent.get((C, j)) is None
@@ -115,9 +96,7 @@ class Graphs:
             return lent
 
     def _capture_all(self, pooled: tuple[int, int]) -> None:
-        """Capture every bucket of a new buffer now, while it is empty: a capture's warm-up runs write
-        slots [0, bucket), which would overwrite committed tokens later, and a capture inside a
-        request's round would count against its time."""
+        """Capture every bucket of a new buffer while it is empty, since warm-up runs write slots [0, bucket)."""
         core, C = self._cores[pooled], pooled[0]
         for Tb in TOKEN_BUCKETS:
             if Tb > C:
@@ -131,8 +110,8 @@ class Graphs:
     def release(self, cache, failed: bool = False) -> None:
         """The request is done with its pooled cache (a cache that is not pooled is ignored).
 
-        failed: the request ended in an error, so its slots may hold NaN or inf; they are zeroed,
-        since a masked score is still NaN (NaN + min) and would spread to the next request.
+        Args:
+            failed: the request ended in an error; its slots are zeroed, since NaN + min would spread NaN.
         """
         with self._lock:
             for key, ref in list(self._lent.items()):
@@ -174,8 +153,7 @@ class Graphs:
                 depth: torch.Tensor | None = None) -> torch.Tensor | None:
         """A round's forward through its bucket's graph -> hidden [T, H]; None where it must run eagerly.
 
-        Eager cases: the cache is not a pooled one, T is beyond the largest bucket, the round would
-        not fit the buffer, a sliding window is in reach (its mask is not built here), or capture failed.
+        A round in reach of a sliding window runs eagerly, since the graph's mask has no window.
         """
         pooled = self._pooled(cache)
         T = ids.shape[0]
@@ -202,11 +180,9 @@ class Graphs:
     @torch.inference_mode()
     def forward_rows(self, cache: kv_cache.BatchCache, lo: int, tokens: list[list[int]],
                      trees: list) -> torch.Tensor | None:
-        """A batched round (`TargetModel.forward_rows`) through its (rows, bucket) graph -> [b, T, H]; None: eager.
+        """A batched round through its (rows, bucket) graph -> [b, T, H]; None where it runs eagerly.
 
-        Only rounds over the batch's leading rows (lo == 0) replay; a request retried alone in its
-        row, a tree beyond the largest bucket, a round past the buffer or in reach of a sliding
-        window runs eagerly.
+        Only rounds from row 0 replay, so a request retried alone in its row runs eagerly.
         """
         b, T = len(tokens), max(len(t) for t in tokens)
         Tb, starts = token_bucket(T), cache.lengths[:b]
