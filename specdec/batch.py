@@ -1,26 +1,10 @@
 """One decoding round for a batch of requests: B trees, one target forward, B verdicts.
 
-Each request keeps its own state (`run_state.RunState`: params, generator, tree policy, lookup index,
-decoder) and goes through the engine's own steps; only the forward is shared:
-
-  1. draft: each request drafts its own tree (its heads' rows are computed together);
-  2. forward: one target forward over every request's tree, padded to the largest, each request in
-     its own row of a `kv_cache.BatchCache`, at its own length, positions and mask rows;
-  3. verify, commit, learn, event: each request on its own rows, by its own rule, params and
-     generator, committing its accepted path in its own row. Greedy requests are verified together
-     (`verify_greedy_batch`: one vocabulary product over all their rows, one argmax, one gather),
-     exactly as each would be alone.
-
-Faults stay with their request. An exception in one request's step (its params callable, its
-draft, a callback), a non-finite row in its part of the forward, or a forward that fails for it
-alone ends that request with a `Failure`; the others' rows are untouched and their round goes on.
-When the shared forward itself raises (a CUDA out-of-memory, say), every request is retried alone
-in its own row, so only a request that fails on its own is ended. Nothing is committed before the
-verdict, so a failed round leaves every row as it was.
-
-Exactness: a request's rows are those of its own forward (padding is masked both ways), so greedy
-output equals the same request run alone, up to float rounding in the batched products (the tests
-compare tokens with solo runs and HF `generate` in fp32 on three architectures).
+Each request keeps its own `RunState` and goes through the engine's steps; only the forward (each request in
+its own row of a `kv_cache.BatchCache`, padding masked both ways) and the greedy verify are shared, so output
+equals the request run alone up to float rounding. Faults stay with their request: a failed step or non-finite
+row ends that request only, a raising shared forward is retried row by row, and nothing is committed before
+the verdict.
 """
 from __future__ import annotations
 
@@ -40,8 +24,7 @@ from .verifier import Verdict, all_rows_at_once, verify_greedy_batch
 if TYPE_CHECKING:
     from .engine import Engine
 
-# fault_hook(request id, round index, step) is called before each step of each request; whatever it
-# raises is handled as that step's own failure (tests use it to simulate faults).
+# fault_hook(request id, round index, step) runs before each request's steps; what it raises is that step's failure.
 FaultHook = Callable[[int, int, str], None]
 @dataclass(eq=False)
 class Member:
@@ -60,9 +43,7 @@ class Member:
 class Batch:
     """The decoding requests that share each round's target forward, and their rows of the KV buffer.
 
-    In batched mode member i sits in row i (a leaving member's row is refilled from the last one).
-    A model that cannot take the batched path keeps each request's own cache and runs their
-    forwards one after another inside the round (`batched=False`).
+    Batched, member i sits in row i; else (`batched=False`) each request keeps its own cache, forwards in turn.
     """
 
     def __init__(self, engine: "Engine", max_size: int, batched: bool, fault_hook: FaultHook | None = None) -> None:
@@ -83,7 +64,7 @@ class Batch:
         if self.batched:
             row = len(self.members)
             staged = m.run.cache
-            if isinstance(staged, kv_cache.RowCache):  # round 0 ran in a row after the members' (`prefill.first_rounds`)
+            if isinstance(staged, kv_cache.RowCache):  # round 0 ran in a row after the members' (`prefill`)
                 if staged.row != row:  # a request staged before it left: rows stay contiguous
                     self.cache.move(staged.row, row)
                     staged.row = row
@@ -92,8 +73,7 @@ class Batch:
         self.members.append(m)
 
     def stage(self, m: Member, row: int, release: bool = True) -> None:
-        """Move a joining request's committed KV (none, a prefix-cache hit or prefill chunks) into `row`;
-        its own buffer goes back now, or (`release=False`) is the caller's to give back."""
+        """Move a joining request's committed KV into `row`; its own buffer goes back unless `release=False`."""
         solo = m.run.cache
         need = kv_cache.bucket(solo.capacity)
         if self.cache is None:
@@ -107,8 +87,7 @@ class Batch:
             self.engine.target.release(solo)  # a pooled buffer goes back now that the row holds its KV
 
     def release(self, m: Member, failed: bool = False) -> None:
-        """A request that never joined is done with its KV: a staged row is free again (zeroed after a
-        failure, whose stale slots may hold NaN), its own buffer goes back (a pooled one)."""
+        """A request that never joined frees its staged row or own buffer (zeroed after a failure: NaN spreads)."""
         cache = m.run.cache
         if isinstance(cache, kv_cache.RowCache):
             if failed:
@@ -141,7 +120,7 @@ class Batch:
         params: dict[int, SamplingParams] = {}
         drafts: dict[int, Draft] = {}
         clocks: dict[int, Stopwatch] = {}
-        shared = drafting.SharedHeads(eng.heads, members) if b > 1 else None  # alone: the engine's own call (graphs, probes)
+        shared = drafting.SharedHeads(eng.heads, members) if b > 1 else None  # alone: the engine's (graphs, probes)
         for i, m in enumerate(members):
             clock = clocks[i] = Stopwatch()
             m.run.shared_heads = shared
@@ -179,12 +158,9 @@ class Batch:
 
     def _verify_greedy(self, drafts: dict[int, Draft], params: dict[int, SamplingParams],
                        hidden: dict[int, torch.Tensor]) -> tuple[dict[int, Verdict], float]:
-        """Step 3 for the greedy members, together: the verdicts `Engine.verify` would give each alone,
-        and the milliseconds the vocabulary rows took (the engine's "rows" lap).
+        """Step 3 for greedy members together -> (the verdicts each would get alone, the "rows" lap in ms).
 
-        A member joins when its params are greedy and its tree is one the engine verifies from all
-        its rows at once (`verifier.all_rows_at_once`: on a CPU, small trees; bigger ones compute rows
-        on demand there). If the joint pass fails, each member verifies alone in `finish`.
+        Only trees `verifier.all_rows_at_once` takes join; if the joint pass fails, each verifies alone in `finish`.
         """
         live = [i for i in hidden if params[i].greedy and all_rows_at_once(drafts[i].tree.num_nodes, hidden[i].device)]
         if len(live) < 2:
@@ -214,8 +190,7 @@ class Batch:
                 except Exception as e:  # noqa: BLE001
                     outcome[i] = failed("forward", e, members[i].index)
             return self.check_finite(members, out, outcome)
-        # Failed members still hold their rows this round (the rows are contiguous): they run their
-        # pending token alone, and nothing of it is committed.
+        # Failed members keep their rows (rows are contiguous), running their pending token uncommitted.
         tokens, trees = [], []
         for i, m in enumerate(members):
             d = drafts.get(i)
@@ -257,8 +232,10 @@ class Batch:
                 clock: Stopwatch, size: int, verdict: Verdict | None = None) -> Outcome:
         """Steps 3-4 and the event for one request (round 0 included); callbacks see the event first.
 
-        `verdict`: this request's verdict when the batch already verified it (greedy members).
-        A failing callback still leaves the round's event with its request: its tokens were decoded.
+        A failing callback still leaves the round's event with its request, since its tokens were decoded.
+
+        Args:
+            verdict: this request's verdict when the batch already verified it (greedy members).
         """
         eng, run = self.engine, m.run
         step, ev = "verify", None

@@ -1,22 +1,10 @@
 """The engine: one target model, its drafters, and the four steps of a request's round.
 
-Every round, round 0 included, is the same four steps (Medusa's, and gpt-fast's), as methods here:
-  1. `draft`: a drafter proposes a tree from the committed state: the Medusa heads (from the hidden
-     state of the last accepted token), the EAGLE-3 drafter, and with `lookup > 0` a prompt-lookup chain
-     (the tokens that followed the last occurrence of the current n-gram), alone ("first") or merged
-     ("merge"). A plain round drafts nothing: its tree is the root alone. Round 0 drafts the prompt
-     itself, as a causal chain (the prefill).
-  2. `forward`: one target forward over all N nodes (4D mask + positions) into the KV buffer;
-  3. `verify`: a pure function of (tokens, tree, logits, params, position uniforms) picks the accepted
-     path and the target's own next token (correction or bonus);
-  4. `commit`: the KV buffer keeps exactly the accepted path; the emitted tokens are cut at EOS or
-     the length limit and become the round's `event`.
-
-`specdec.batch.Batch` runs these steps for every request of a round, with one forward for all; it is the
-only round. The scheduler drives it for every caller, and `Engine.stream` drives a batch of one on the
-caller's thread. With `speculative=False` every round is the one-node case, one target forward per
-token, through the same sampler and event stream: the plain baseline. The engine knows nothing about
-the UI; a tokenizer is optional and only used to put text into events.
+Every round, round 0 included, is the same four steps (Medusa's, and gpt-fast's): 1. `draft` a tree
+(Medusa heads, EAGLE-3 or a prompt-lookup chain; a plain round's tree is the root, round 0's the prompt);
+2. `forward` its N nodes in one target forward; 3. `verify` the accepted path and the target's next token
+(pure); 4. `commit` that path and cut at EOS or the length limit, into the round's `event`.
+`specdec.batch.Batch` runs them for every request (a batch of one for `Engine.stream`); no UI here.
 """
 from __future__ import annotations
 
@@ -49,10 +37,9 @@ RoundCallback = Callable[[RoundEvent], None]
 
 
 class Engine:
-    """Speculative decoding over one target model and its draft heads.
+    """Speculative decoding over one target model and its drafters.
 
-    Holds only read-only shared state (weights, tokenizer, a token-text
-    memo); every call to `stream` carries its own cache and position uniforms.
+    Shared state (weights, tokenizer, a token-text memo) is read-only; each request carries its own cache.
     """
 
     def __init__(self, target: TargetModel, heads: MedusaHeads | None, tokenizer=None,
@@ -60,9 +47,8 @@ class Engine:
                  cost_cache: str | None = None, eagle: "eagle_mod.Eagle3 | None" = None,
                  eagle_shape: "eagle_mod.Shape | None" = None, default_drafter: str | None = None) -> None:
         """Args:
-            cost: the round-cost model the dynamic tree sizes itself by; None measures it on first
-                use (a couple of seconds), or reads it from `cost_cache`, a folder keyed by model,
-                device and dtype.
+            cost: the round-cost model the dynamic tree sizes itself by; None measures it on first use, or
+                reads it from `cost_cache`, a folder keyed by model, device and dtype.
             eagle: an EAGLE-3 drafter (the target then returns the hidden states it reads), drafting trees of
                 `eagle_shape` (its shipped one by default).
             default_drafter: what `drafter="auto"` requests use, "medusa" or "eagle3" (default: EAGLE-3 when
@@ -143,15 +129,14 @@ class Engine:
             "default_drafter": self.default_drafter,
             # what the heads' vocabulary projections are stored in (on a CPU, measured at load: `specdec.load`)
             "heads_dtype": str(self.heads.projection_dtype).replace("torch.", "") if self.heads is not None else None,
-            "trees": {name: self.resolve_tree(name).num_nodes for name in names},  # static presets: nodes, root included
+            "trees": {name: self.resolve_tree(name).num_nodes for name in names},  # presets: nodes, root included
             "cuda_graphs": None if self.target.graphs is None else self.target.graphs.info(),
             "prefix_cache": None if cache is None else {  # its budget, and how full and useful it is now
                 "max_bytes": cache.max_bytes, "bytes": cache.bytes, "hit_ratio": cache.hit_ratio},
         }
 
     def sampler_rows(self, prompt_ids, params: SamplingParams, top: int = 20) -> list[dict]:
-        """The sampler view after `prompt_ids`: the `top` likeliest tokens under temperature alone, each with its
-        probability before and after the filters and the filter that removed it (`filter_stages`, plain values)."""
+        """The sampler view after `prompt_ids`: the `top` likeliest tokens as `filter_stages` rows (plain values)."""
         return filter_stages(self.next_logits(prompt_ids), params, top)
 
     # -- the loop ------------------------------------------------------------
@@ -194,8 +179,7 @@ class Engine:
                 batch.release(m, failed)
 
     def open(self, plan: Plan) -> "RunState":
-        """A request's own state: position uniforms, decoder, lookup index, and a KV buffer sized once, for the
-        prompt, every new token and the largest tree, rounded up so shapes repeat across requests."""
+        """A request's own state, with a KV buffer sized once for its prompt, new tokens and largest tree."""
         req, target = plan.request, self.target
         seed = plan.first.seed if plan.first.seed is not None else random.SystemRandom().randrange(2**62)
         policy = None
@@ -222,8 +206,7 @@ class Engine:
 
     # -- the four steps -----------------------------------------------------------
     def fed(self, run: "RunState", hidden: torch.Tensor, start: int) -> None:
-        """Prompt rows [n, ...] from position `start` were just computed: the EAGLE-3 drafter reads their
-        tapped states (a no-op for other drafters)."""
+        """Hand the EAGLE-3 drafter the tapped states of prompt rows [n, ...] computed from position `start`."""
         if run.eagle is not None:
             ids = run.plan.ids
             run.eagle.add(hidden[:, self.target.hidden_size :], ids[start + 1 : start + 1 + hidden.shape[0]], start)
@@ -235,8 +218,7 @@ class Engine:
             hidden = self.target.forward(torch.tensor(run.plan.ids[start:], dtype=torch.long), run.cache,
                                          taps=run.eagle is not None)
             self.fed(run, hidden, start)
-            # Never keep a NaN prompt: every request starting with it would fail. (The check's host sync is
-            # the one round 0 makes anyway.) The last row attends to every slot, so it shows any NaN.
+            # Never cache a NaN prompt (every request starting with it would fail); the last row shows any NaN.
             if self.prefix_cache is not None and bool(torch.isfinite(hidden[-1]).all()):
                 self.prefix_cache.insert(run.plan.ids, run.cache)
             return hidden[-1:]  # only the last position's row is verified
@@ -251,8 +233,7 @@ class Engine:
                 clock: Stopwatch | None = None) -> Verdict:
         """Step 3: the accepted path and the target's own next token (pure given the logits and uniforms).
 
-        With a `clock`, the target's vocabulary projection of the rows it reads is timed apart, as "rows":
-        it is the target model's compute, not verification's.
+        With a `clock`, the vocabulary projection is timed apart as "rows", since it is the target's compute.
         """
         tree = draft.tree if draft is not None else ROOT_ONLY
         tokens = draft.tokens if draft is not None else [run.plan.ids[-1]]
@@ -326,7 +307,7 @@ class Engine:
 
     # -- pieces of the steps --------------------------------------------------
     def head_logits(self, hidden: torch.Tensor, k: int | None = None) -> torch.Tensor:
-        """The first k heads' logits (all: None) for one hidden state [H] -> [k, V]: a captured graph where there is one."""
+        """The first k heads' logits (all: None) for one hidden state [H] -> [k, V], through a graph if captured."""
         K = self.heads.config.num_heads
         k = K if k is None else min(k, K)
         hidden = hidden[..., : self.target.hidden_size]  # without the states an EAGLE-3 drafter reads

@@ -1,9 +1,9 @@
 """Round 0 of joining requests: their prompt fed in chunks, then each one's first token.
 
-A long prompt is fed `prefill_chunk` tokens per scheduler iteration, so it never stalls the batch for
-long; the requests whose prompt (its rest) is then in run round 0 together in one forward where that
-pays, staged in rows after the members', then join the batch (`Batch.add`). A request run alone (an
-`Engine.stream`) runs round 0 on its own buffer. Faults stay with their request, as in a batched round.
+A long prompt is fed `prefill_chunk` tokens per scheduler iteration so it never stalls the batch for long;
+requests whose rest then fits run round 0 together in one forward where that pays, in rows staged after the
+members', then join the batch (`Batch.add`). An `Engine.stream` runs round 0 on its own buffer. Faults stay
+with their request.
 """
 from __future__ import annotations
 
@@ -40,11 +40,8 @@ def prefill(batch: "Batch", m: Member, budget: int) -> int:
 def first_rounds(batch: "Batch", ms: list[Member]) -> list[tuple[Member, Outcome]]:
     """Round 0 of requests whose prompt (its rest) is now fed: each one's first token.
 
-    Returns (member, outcome) in the order to take them: first those that shared one forward, in
-    the rows they were staged in after the members' (`add` moves a staged row down, so never onto
-    one not yet taken), then those that ran round 0 on their own buffer, as a solo stream does.
-    Measured (embedded model, 24 requests through 8 rows): round 0 was 12% of the scheduler's
-    time with one forward per joining request.
+    Returns (member, outcome) in the order to take them: the shared forward's in their staged rows (`add`
+    moves a staged row down, never onto one not yet taken), then those run on their own buffer.
     """
     shared = _sharing(batch, ms)
     out = _shared_first_rounds(batch, shared) if shared else []
@@ -54,10 +51,8 @@ def first_rounds(batch: "Batch", ms: list[Member]) -> list[tuple[Member, Outcome
 def _sharing(batch: "Batch", ms: list[Member]) -> list[Member]:
     """The joining requests that share round 0's forward, shortest rest first (none: each alone).
 
-    Every row is padded to the longest rest, so a request joins the group only while the padded
-    forward stays within the buffer and costs at most twice its real tokens (or 16 per row). With
-    CUDA graphs a request's own round 0 replays a graph, where rows after the members' would run
-    eagerly: there the group forms only in an empty batch, whose rows from 0 replay too.
+    Rows are padded to the longest rest, so a request joins only while that fits the buffer and at most
+    doubles the real tokens; with CUDA graphs only in an empty batch, since rows after members' run eagerly.
     """
     if not batch.batched or len(ms) < 2 or (batch.engine.target.graphs is not None and batch.members):
         return []
@@ -77,8 +72,7 @@ def _sharing(batch: "Batch", ms: list[Member]) -> list[Member]:
 
 
 def _shared_first_rounds(batch: "Batch", ms: list[Member]) -> list[tuple[Member, Outcome]]:
-    """Round 0 of `ms` in one forward over rows staged after the members'. Their own buffers go back
-    (zeroed after a failure: their prefill chunks may have been NaN) once the outcomes are known."""
+    """Round 0 of `ms` in one forward over staged rows; their own buffers go back after, zeroed if it failed."""
     outcome: dict[int, Outcome] = {}
     clocks: dict[int, Stopwatch] = {}
     live, solos, tokens = [], {}, []
@@ -111,8 +105,7 @@ def _shared_first_rounds(batch: "Batch", ms: list[Member]) -> list[tuple[Member,
 
 def _commit_prompt(batch: "Batch", m: Member, hidden: torch.Tensor, n: int, clock: Stopwatch, forward_ms: float,
                    size: int) -> Outcome:
-    """A staged request after the shared forward: its prompt's rest committed (and offered to the
-    prefix cache), then its first token and event (`_finish`). `hidden` [n, H]: the prompt rest's rows."""
+    """A staged request after the shared forward: commit its prompt's rest (`hidden` [n, H]), then its token."""
     try:
         start = time.perf_counter()
         first = kv_cache.length(m.run.cache)
@@ -130,8 +123,7 @@ def _commit_prompt(batch: "Batch", m: Member, hidden: torch.Tensor, n: int, cloc
 
 def _prompt_rows(batch: "Batch", ms: list[Member], live: list[int], lo: int, tokens: list[list[int]],
                  outcome: dict) -> dict[int, torch.Tensor]:
-    """The staged requests' prompt rests as causal chains in rows [lo, lo + len(live)) -> hidden [n_i, H]
-    each; if the shared forward raises, each runs alone in its row, so a fault stays its own."""
+    """The staged prompt rests as chains in rows from `lo` -> [n_i, H] each; alone if the shared forward fails."""
     try:
         taps = any(ms[i].run.eagle is not None for i in live)
         rows = batch.engine.target.forward_rows(batch.cache, lo, tokens, [None] * len(live), taps)  # [b, T, H]

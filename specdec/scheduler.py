@@ -1,23 +1,11 @@
 """Continuous batching: one thread owns the model and runs every request's rounds.
 
-Callers `submit` a GenerationRequest (checked against the model right there, so a bad request is a
-`ValueError` in the caller's thread) and iterate the returned `Ticket` for its RoundEvents. The
-scheduler thread loops:
-
-  1. drop requests whose client cancelled (a closed stream, a disconnect): their rows free up now;
-  2. admit waiting requests while fewer than `max_batch_size` are prefilling or decoding;
-  3. prefill: up to `prefill_chunk` prompt tokens of the joining requests, oldest first, so a long
-     prompt is fed over several iterations and never stalls the batch for long; the requests whose
-     prompt is then in run their round 0 (the first token), together in one forward where that pays
-     (`prefill.first_rounds`), and join the batch;
-  4. one batched round (specdec.batch) for every decoding request; a request that finished,
-     failed, or whose `should_stop` says so leaves at once.
-
-`max_batch_size=1` is today's one-at-a-time service through the same path. A request's params may
-be a callable: it is read once per round, so a slider moved during a run reaches the next round.
-A fault in one request's round ends that request alone (`RequestFailed` to its client, after the
-events it already had) and is counted by cause; see specdec.batch. An error outside every request's
-own steps (a bug of ours) ends the requests in flight with it, and the thread serves on.
+Callers `submit` a GenerationRequest (a bad one is a `ValueError` in the caller's thread) and iterate its
+`Ticket`. The thread loops: 1. drop cancelled requests; 2. admit waiting ones up to `max_batch_size`;
+3. feed up to `prefill_chunk` prompt tokens, then run round 0 of the ready ones (`prefill.first_rounds`);
+4. run one batched round, removing requests that finished, failed or should stop. Callable params are read
+once per round. A fault ends only its request (`RequestFailed` after its events); an error outside every
+request's steps ends those in flight, never the thread.
 """
 from __future__ import annotations
 
@@ -59,8 +47,8 @@ class Scheduler:
         """Args:
             max_batch_size: requests decoded together (1: one at a time).
             prefill_chunk: prompt tokens fed per scheduler iteration, between batched rounds.
-            fault_hook: called as fault_hook(request id, round index, step) before each step of each
-                request; an exception it raises is that step's failure (for tests).
+            fault_hook: fault_hook(request id, round index, step) runs before each request's steps; what it
+                raises is that step's failure (for tests).
             metrics: receives batch sizes, queue waits and failures by cause.
         """
         if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 1:
@@ -122,7 +110,7 @@ class Scheduler:
         return iter(self.submit(request, *fields, on_round=on_round, should_stop=should_stop, **named))
 
     def call(self, fn: Callable, *args, **kwargs):
-        """Run `fn` on the scheduler thread between two rounds (a forward outside any request) and return its result."""
+        """Run `fn` on the scheduler thread between two rounds and return its result."""
         return self.call_soon(fn, *args, **kwargs).result()
 
     def call_soon(self, fn: Callable, *args, **kwargs) -> Future:
@@ -137,8 +125,7 @@ class Scheduler:
         return fut
 
     def stats(self) -> dict:
-        """Plain values: requests waiting, prefilling, decoding and not yet ended (`tracked`), requests the idle
-        check had to end (`lost`: a bug if ever > 0), failures by cause, rounds per batch size."""
+        """Plain values: request counts by state, `lost` ones (a bug if > 0), failures by cause, batch sizes."""
         with self._cond:
             return {"waiting": len(self._waiting), "prefilling": len(self._prefilling),
                     "decoding": len(self._batch), "tracked": len(self._accepted), "lost": self.lost,
@@ -146,8 +133,7 @@ class Scheduler:
                     "failures": dict(self.failures), "batch_sizes": dict(sorted(self.batch_sizes.items()))}
 
     def idle(self, timeout: float = 0.0) -> bool:
-        """Whether every accepted request has ended and no call waits (polled up to `timeout` seconds): what a
-        test asserts after its requests, since a request that is never ended is a client waiting forever."""
+        """Whether every accepted request has ended and no call waits, polled up to `timeout` seconds (for tests)."""
         deadline = time.monotonic() + timeout
         while True:
             st = self.stats()
@@ -177,10 +163,8 @@ class Scheduler:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="specdec-scheduler", daemon=True)
             self._thread.start()
-            # Stop the thread before the interpreter ends: a daemon thread still holding an OpenMP pool
-            # while the process exits sometimes aborted it ("terminate called without an active
-            # exception", about 1 exit in 20 of `specdec generate` on a CPU). A weak reference, so that
-            # a scheduler nobody holds can still be collected.
+            # Close before exit, as a daemon thread holding an OpenMP pool can abort the process; a weak
+            # reference keeps an unheld scheduler collectable.
             ref = weakref.ref(self)
             self._at_exit = lambda: (ref() is not None and ref().close(timeout=5.0))  # noqa: E731
             atexit.register(self._at_exit)
@@ -195,8 +179,10 @@ class Scheduler:
             self._shutdown()
 
     def _step(self) -> bool:
-        """One iteration: wait for work, admit, run the calls, drop the cancelled, prefill, one round.
-        False once closed. Any error here ends the requests in flight (`_recover`), never the thread."""
+        """One iteration (wait, admit, calls, drop cancelled, prefill, round); False once closed.
+
+        Any error here ends the requests in flight (`_recover`), never the thread.
+        """
         with self._cond:
             while not (self._closed or self._waiting or self._prefilling or len(self._batch) or self._calls):
                 self._end_lost()
@@ -229,9 +215,7 @@ class Scheduler:
         return True
 
     def _end_lost(self) -> None:
-        """With nothing queued, prefilling or decoding, every accepted request must have ended. One that has
-        not was dropped by a path that forgot to end it: end it now (its client would wait forever) and
-        count it (`stats()["lost"]`, which tests require to stay 0). Called with the lock held."""
+        """End and count (`stats()["lost"]`) requests still accepted when nothing runs; called with the lock held."""
         for t in list(self._accepted.values()):
             log.error("request %d was neither queued nor running: ending it", t.rid)
             self.lost += 1
@@ -244,9 +228,10 @@ class Scheduler:
         t._end(failure)
 
     def _recover(self, e: Exception) -> None:
-        """The last resort: an error outside every request's own steps ends the requests in flight with
-        it (their clients get an error, not a stream that never ends) and the thread serves on from an
-        empty batch. Without it the thread died and every client, present and future, waited forever."""
+        """End the requests in flight with an error outside their steps, then serve on from an empty batch.
+
+        The last resort, so that no client, present or future, waits forever on a dead thread.
+        """
         log.exception("scheduler error: ending the requests in flight")
         failure = Failure(cause_of("scheduler", e), "scheduler", 0, message_of(e))
         for t, m in self._prefilling:
@@ -280,8 +265,7 @@ class Scheduler:
             self._finish(t)
 
     def _prefill(self) -> None:
-        """Up to `prefill_chunk` prompt tokens of the joining requests, oldest first; those whose prompt
-        is then in run round 0 together (one forward for all: `prefill.first_rounds`)."""
+        """Feed up to `prefill_chunk` prompt tokens, oldest request first; the ready ones run round 0 together."""
         budget, ready = self.prefill_chunk, []
         for entry in list(self._prefilling):
             t, m = entry
