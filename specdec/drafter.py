@@ -1,15 +1,7 @@
-"""The drafter interface: what a drafter gives a round, and what a round asks of it.
+"""The drafter interface: a drafter proposes a scored tree (`Proposal`) from a request's committed state.
 
-A drafter proposes a scored tree from a request's committed state: its nodes' tokens (root first, the
-token the last round emitted), their parents (the tree), each node's draft probability q, and a source
-name that events carry for its nodes. The round then verifies the tree, lossless for any proposal: the
-verifier treats each node as a point-mass draft, so a proposal can change speed, never output.
-
-`Proposal` is that value; `Drafter` is the protocol. Three drafters implement it: the Medusa heads on a
-fixed tree (`drafting.HeadsDrafter`), EAGLE-3 (`eagle.Eagle3Drafter`) and prompt lookup
-(`lookup.LookupDrafter`); `drafting.draft` merges a chain into the other's tree under the round's room.
-The dynamic tree policy (`tree_policy.DynamicTree`) ranks the heads' candidates and the lookup chain
-together instead of filling a fixed tree.
+The verifier treats each node as a point-mass draft, so a proposal can change speed, never output.
+Implemented by `drafting.HeadsDrafter` (Medusa), `eagle.Eagle3Drafter` and `lookup.LookupDrafter`.
 """
 from __future__ import annotations
 
@@ -38,6 +30,7 @@ class Drafter(Protocol):
     def propose(self, state, root: int, room: int) -> Proposal | None:
         """This round's tree under `root`, at most `room` levels deep; None: nothing to draft.
 
-        `state` is what the drafter reads of the request: EAGLE-3 its `EagleRun` (fed by the engine with the
-        target's tapped states), prompt lookup the request's `NgramIndex`, the heads the request's run
-        (the hidden state of its last committed token)."""
+        Args:
+            state: what the drafter reads of the request: EAGLE-3 its `EagleRun`, prompt lookup its
+                `NgramIndex`, the heads its `RunState` (the last committed token's hidden state).
+        """

@@ -1,14 +1,9 @@
 """The draft step: which drafters propose a round's tree, and how their proposals merge under one budget.
 
-Three drafters implement `drafter.Drafter`: the Medusa heads on a fixed tree (`HeadsDrafter`, from the
-hidden state of the last accepted token), EAGLE-3 (`eagle.Eagle3Drafter`, from the target's tapped
-features and its own KV cache) and prompt lookup (`lookup.LookupDrafter`: the tokens that followed the
-last occurrence of the context's suffix n-gram). A static preset is a fixed policy: the request's
-drafter proposes, and the lookup chain is merged into its tree (`lookup_mode="merge"`) or drafts alone
-when the context repeats ("first"). The "auto" policy (`tree_policy.DynamicTree`) scores the heads'
-candidates and the lookup chain together and keeps the nodes worth most tokens per second under the
-measured cost model. Every choice is a function of committed tokens and the round's params, so output
-stays exact whatever is drafted.
+A static preset lets the request's drafter (Medusa heads or EAGLE-3) propose and merges the lookup chain
+into its tree (`lookup_mode="merge"`) or lets a chain draft alone ("first"); "auto"
+(`tree_policy.DynamicTree`) ranks head candidates and the chain together. Every choice is a function of
+committed tokens and the round's params, so output stays exact whatever is drafted.
 """
 from __future__ import annotations
 
@@ -44,8 +39,7 @@ class ChainNode(NamedTuple):
 
 
 def draft(engine: "Engine", run: "RunState", params: SamplingParams) -> "Draft":
-    """Step 1: the round's tree and tokens: the request's drafter, prompt lookup, or the root alone (a plain
-    round)."""
+    """Step 1: the round's tree and tokens from the request's drafter, prompt lookup, or the root alone."""
     plan, req = run.plan, run.plan.request
     # The root (pending) goes at position `committed`; a depth-d node at committed + d.
     room = min(req.max_new_tokens - run.produced - 1, run.limit - 1 - run.committed)
@@ -68,9 +62,7 @@ def draft(engine: "Engine", run: "RunState", params: SamplingParams) -> "Draft":
 
 def merged(root: int, main: Proposal | None, chain: Proposal | None
            ) -> tuple[Tree, list[int], list[float | None]]:
-    """One tree under `root` from a drafter's proposal and a lookup chain: the chain's tokens follow the tree's
-    nodes as far as they match, and what does not match is grafted as new nodes (either alone: itself; neither:
-    the root alone)."""
+    """Merge a lookup chain into a drafter's tree under `root` (either alone: itself; neither: the root)."""
     if main is None:
         main, chain = chain, None
     if main is None:
@@ -83,8 +75,7 @@ def merged(root: int, main: Proposal | None, chain: Proposal | None
 
 
 class HeadsDrafter:
-    """The Medusa heads behind the `drafter.Drafter` interface on the request's fixed tree (a static
-    preset): head d's rank-r candidate fills each depth-(d + 1) node of rank r (`draft_tree.candidates`)."""
+    """The Medusa heads behind `drafter.Drafter`, filling the request's static tree (`candidates`)."""
 
     source = "heads"
 
@@ -104,8 +95,7 @@ class HeadsDrafter:
 
 def _dynamic(engine: "Engine", run: "RunState", params: SamplingParams, proposal: Proposal | None, room: int
              ) -> "Draft":
-    """Step 1 under the "auto" policy: score the heads' candidates, let the policy pick the tree from them and
-    the lookup `proposal` under one budget."""
+    """Step 1 under "auto": the policy picks the tree from the heads' scores and the lookup `proposal`."""
     policy, scores, top = run.policy, None, None
     chain, match = (proposal.tokens[1:], proposal.match) if proposal is not None else ([], 0)
     k = policy.wants_heads(len(chain), room, params.greedy, match) if engine.heads is not None else 0
@@ -138,21 +128,14 @@ def _dynamic(engine: "Engine", run: "RunState", params: SamplingParams, proposal
 
 
 def _heads_logits(engine: "Engine", run: "RunState", k: int | None = None) -> torch.Tensor:
-    """The first k heads' logits (all: None) after the run's last committed token. -> [k, V]
-
-    In a batched round `run.shared_heads` computes every member's rows in one call, on first use.
-    """
+    """The first k heads' logits [k, V] (None: all) after the last committed token, batched when shared."""
     if run.shared_heads is not None:
         return run.shared_heads(run)[:k]
     return engine.head_logits(run.h_last, k)
 
 
 def graft(tree: Tree, tokens: list[int], chain: list[int]) -> tuple[Tree, list[int]]:
-    """Merge a prompt-lookup chain into the filled tree; graft what does not match as new nodes.
-
-    The chain is at most `room` long and each merged token is one level deeper, so the grafted
-    nodes stay within `room` too.
-    """
+    """Merge a lookup chain into the filled tree and graft the rest, no deeper than the chain is long."""
     attach, rest = merge_chain(tree, tokens, chain)
     if not rest:
         return tree, tokens
@@ -160,17 +143,7 @@ def graft(tree: Tree, tokens: list[int], chain: list[int]) -> tuple[Tree, list[i
 
 
 def learn(run: "RunState", draft: "Draft | None", verdict: Verdict, params: SamplingParams) -> None:
-    """The dynamic policy learns from the verdict: each drafted node whose parent was reached.
-
-    Its outcome is, greedy, whether it was the target's argmax; sampling, the target's filtered
-    p(token), the chance the lossless rule accepts it (known for the children it tried). Greedy
-    rounds also teach how every head candidate that was not drafted would have fared under the
-    accepted path: the target's token at each depth that path reached is known, and a head's guess
-    for that depth does not depend on the path. Without that, a candidate the policy never drafts
-    (a sibling whose score is low) never shows that it would have been accepted, and its estimate
-    keeps the prior: measured on the embedded model, the policy drafted 7-node trees that yielded
-    2.14 tokens where the static 16-node tree, drafting those siblings, yielded 2.59.
-    """
+    """The dynamic policy learns from the verdict: each drafted node whose parent was reached."""
     if run.policy is None or draft is None or not draft.drafted:
         return
     reached = set(verdict.accepted)
@@ -186,18 +159,17 @@ def learn(run: "RunState", draft: "Draft | None", verdict: Verdict, params: Samp
             heads.append((node.depth, node.rank, node.score, outcome))
         else:
             lookup.append((node.position, outcome))
-    if draft.candidates is not None:
+    if draft.candidates is not None:  # else a low-scored sibling, never drafted, would keep its prior
         heads += _undrafted(draft, verdict, {(d, r) for d, r, _, _ in heads})
     run.policy.observe(params.greedy, heads, lookup, draft.tree.num_nodes, len(verdict.accepted), draft.heads_ran,
                        draft.match)
 
 
 def _undrafted(draft: "Draft", verdict: Verdict, seen: set[tuple[int, int]]) -> list[tuple[int, int, float, float]]:
-    """(depth, rank, score, outcome) of the greedy head candidates a round did not draft under its accepted path.
+    """(depth, rank, score, outcome) of undrafted greedy head candidates at depths the accepted path reached.
 
-    Head d guesses the token at depth d + 1; wherever the accepted path reached depth d, the target's
-    token there is known (an accepted draft, or the round's own next token), so each candidate's outcome
-    is whether it was that token. `seen`: the (depth, rank) pairs already learned as drafted nodes.
+    Args:
+        seen: the (depth, rank) pairs already learned as drafted nodes.
     """
     scores, ids = draft.candidates  # [D][k] each
     path = verdict.accepted
@@ -211,12 +183,7 @@ def _undrafted(draft: "Draft", verdict: Verdict, seen: set[tuple[int, int]]) -> 
 
 
 class SharedHeads:
-    """The heads' logits of every member in one call, made when the first member's draft asks for them.
-
-    One [b, H] -> [K, b, V] call reads the heads' weights once for the batch; on a CPU it costs
-    about what one member's call does. Heads that only take one hidden state (a test double) are
-    called per member instead.
-    """
+    """Every member's head logits in one [b, H] -> [K, b, V] call, made when the first member asks."""
 
     def __init__(self, heads, members: list) -> None:
         self.heads = heads
@@ -231,7 +198,7 @@ class SharedHeads:
             try:
                 rows = self.heads(h)
             except (RuntimeError, ValueError, IndexError, TypeError):
-                rows = None
+                rows = None  # heads that take one hidden state only (a test double) run per member
             if rows is None or rows.dim() != 3 or rows.shape[1] != len(self.members):
                 self.per_member = True
             else:

@@ -1,22 +1,9 @@
 """The EAGLE-3 drafter (Li et al., 2025): one small decoder layer that drafts a tree autoregressively.
 
-It reads what the target computed, not just its last hidden state:
-
-- `fc` fuses the target's hidden states entering three of its layers (low, middle, high) into one
-  feature g_t of width H;
-- at position t the layer reads `[input_layernorm(embed(x_{t+1})) ‖ hidden_norm(g_t)]` (2H wide: the
-  token that followed, and the feature), attends over every earlier position in its own small KV
-  cache, and adds the result to g_t (the residual); `lm_head(norm(.))` gives logits over a reduced
-  draft vocabulary, and `d2t` maps a draft id to a target id (target = draft + d2t[draft]);
-- a drafted token's children read the layer's own output in place of the target's feature, so the
-  tree grows one depth per step: the draft knows which token its parent actually is, including the
-  token a sampled round drew at the root.
-
-A tree (EAGLE-2): each depth, the `top_k` nodes of the previous depth with the highest cumulative draft
-log-probability are expanded by their `top_k` likeliest tokens; all drafted nodes are then reranked by
-that score and the best `budget` kept. A child never outscores its parent, so every prefix of the
-order is a tree. Drafting is a function of committed tokens and target features alone: the verifier
-treats each node as a point-mass proposal, so output is exact whatever the draft.
+`fc` fuses three of the target's hidden states into g_t; at position t the layer reads
+[embed(x_{t+1}) ‖ g_t], attends over its own KV cache and gives reduced-vocabulary logits (target id =
+draft id + d2t[draft id]). A child reads its parent's output in place of g, and trees grow as in EAGLE-2.
+Drafting reads only committed tokens and target features, so output is exact whatever the draft.
 """
 from __future__ import annotations
 
@@ -60,8 +47,7 @@ class EagleConfig:
 
 
 def default_layers(num_layers: int) -> tuple[int, int, int]:
-    """The target layers EAGLE-3 taps: (2, L // 2, L - 3) as HF `hidden_states` indices (the state entering
-    layer i), spread evenly instead on targets too shallow for three distinct ones there."""
+    """The layers EAGLE-3 taps, as HF `hidden_states` indices: (2, L // 2, L - 3), spread out if shallow."""
     if num_layers >= 8:
         return (2, num_layers // 2, num_layers - 3)
     return (1, max(num_layers // 2, 1), max(num_layers - 1, 1))
@@ -107,14 +93,12 @@ class _MidLayer(nn.Module):
 
 
 class DraftCache:
-    """The drafter's own KV cache for one request: keys and values [kv_heads, capacity, head_dim], grown
-    in place; `length` entries are committed context, and a round's tree entries sit after them until
-    `truncate` drops them."""
+    """A request's drafter KV cache: keys and values [kv_heads, capacity, head_dim], grown in place."""
 
     def __init__(self) -> None:
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
-        self.length = 0
+        self.length = 0  # committed entries; a round's tree entries sit after them until `truncate`
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write n new entries after the current ones -> every entry so far [kvh, length + n, d]."""
@@ -216,22 +200,16 @@ def _rope(q, k, cos, sin):
 
 @dataclass
 class EagleRun:
-    """One request's drafter state: its cache, and the committed positions not yet fed to it.
-
-    Position t pairs the target's tapped states at t with the token at t + 1, so a position is fed once
-    the token after it is known: `features` holds tapped rows from position `start` on, `follow` the
-    tokens known after them (one fewer while the newest token is not yet emitted).
-    """
+    """A request's drafter state: its cache, and committed positions awaiting their next token."""
 
     cache: DraftCache = field(default_factory=DraftCache)
     start: int = 0  # position of features[0]
-    features: list = field(default_factory=list)  # tensors [m_i, 3 * feature_size]
-    follow: list = field(default_factory=list)  # ints
+    features: list = field(default_factory=list)  # tensors [m_i, 3 * feature_size], from `start` on
+    follow: list = field(default_factory=list)  # ints: the tokens known after them (one fewer until emitted)
     last: tuple | None = None  # (output [H], logits [Vd]) of the last fed position: the root's children
 
     def add(self, rows: torch.Tensor, tokens: list[int], position: int | None = None) -> None:
-        """Tapped rows of the next committed positions (from `position`, when the first), and the tokens
-        known to follow them."""
+        """Queue the next committed positions' tapped rows (from `position`, if first) and next tokens."""
         if not self.features and position is not None and not self.cache.length:
             self.start = position
         self.features.append(rows)
@@ -240,12 +218,11 @@ class EagleRun:
 
 @dataclass(frozen=True)
 class Shape:
-    """An EAGLE-2 tree's size: `budget` drafted nodes at most (the root excluded), `depth` levels, and
-    `top_k` children per expanded node and nodes expanded per level. The default is a 16-node tree."""
+    """An EAGLE-2 tree's size; the default is a 16-node tree."""
 
-    budget: int = 15
-    depth: int = 5
-    top_k: int = 4
+    budget: int = 15  # drafted nodes at most, the root excluded
+    depth: int = 5  # levels
+    top_k: int = 4  # children per expanded node, and nodes expanded per level
 
     def __post_init__(self) -> None:
         for name, lo in (("budget", 1), ("depth", 1), ("top_k", 1)):
@@ -255,8 +232,7 @@ class Shape:
 
 
 class Eagle3Drafter:
-    """The EAGLE-3 drafter behind the `drafter.Drafter` interface: one model, one tree shape, an `EagleRun`
-    per request (which the engine feeds with the target's tapped states as positions are committed)."""
+    """EAGLE-3 behind `drafter.Drafter`: one model and tree shape, an `EagleRun` per request."""
 
     source = SOURCE
 
@@ -274,10 +250,11 @@ class Eagle3Drafter:
 
 @torch.inference_mode()
 def draft(model: Eagle3, run: EagleRun, root: int, budget: int, depth: int, top_k: int) -> Proposal | None:
-    """Catch the drafter up on the committed positions, then grow an EAGLE-2 tree of at most `budget`
-    drafted nodes (root excluded) and `depth` levels under `root`, the token the target emitted last.
+    """Feed the committed positions, then grow an EAGLE-2 tree under `root`; None before any context.
 
-    None when the drafter has seen no committed position yet (nothing to draft from).
+    Args:
+        budget: drafted nodes kept at most (root excluded), the best by cumulative log-probability.
+        top_k: nodes expanded per level, and children per expanded node.
     """
     feed(model, run)
     if run.last is None or budget < 1 or depth < 1:
@@ -331,6 +308,7 @@ def _children(model: Eagle3, logits: torch.Tensor, nodes: list[int], tokens, par
 
 
 def _rerank(tokens, parents, depths, qs, scores, budget) -> Proposal:
+    # A child never outscores its parent, so the best `budget` nodes form a tree.
     order = sorted(range(1, len(tokens)), key=lambda i: (-scores[i], depths[i], i))[:budget]
     keep = set(order)
     path: dict[int, tuple] = {0: ()}

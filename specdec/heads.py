@@ -1,11 +1,8 @@
 """Medusa draft heads (Cai et al., 2024).
 
-Head k reads the target's last hidden state at position t and predicts
-token t+k+2: the target's own lm_head already gives t+1, which becomes
-the tree's root. A head is `n` residual blocks `x + SiLU(Linear(x))`,
-zero-initialised so it starts as the identity, then a vocabulary
-projection: its own Linear initialised from the base lm_head, or the
-base lm_head itself (`shared_lm_head=True`, far smaller on disk).
+Head k reads the target's last hidden state at position t and predicts token t+k+2 (the target's lm_head
+gives t+1, the tree's root). A head is `n` residual blocks `x + SiLU(Linear(x))`, zero-initialised so it
+starts as the identity, then a vocabulary projection: a copy of the base lm_head, or that lm_head shared.
 """
 from __future__ import annotations
 
@@ -77,8 +74,7 @@ class MedusaHeads(nn.Module):
 
     @property
     def graph_safe(self) -> bool:
-        """Can `specdec.graphs` capture these heads? Ours are pure tensor code; a subclass that computes its
-        own way (the bench's oracle looks things up on the host) runs eagerly."""
+        """Can `specdec.graphs` capture these heads? Only our own tensor code, not a subclass's."""
         return type(self).forward is MedusaHeads.forward and type(self).first is MedusaHeads.first
 
     @property
@@ -88,14 +84,8 @@ class MedusaHeads(nn.Module):
         return head.weight.dtype
 
     def store_projections(self, dtype: torch.dtype) -> None:
-        """Keep the K vocabulary projections in `dtype`; logits still come out in the blocks' dtype.
-
-        A head is a draft: its rounding changes which tokens are proposed, never what the verifier
-        accepts, so its precision is a speed choice. On a CPU the K projections are memory-bound
-        matrix-vector products over K x V x H weights that the target's forward has just pushed out
-        of cache, and half-width weights move half the bytes. Shared heads use the target's own lm_head
-        and are left alone.
-        """
+        """Store the K projections in `dtype`; logits keep the blocks' dtype; shared heads are left alone."""
+        # A draft's rounding changes what is proposed, never what is accepted: precision is a speed choice.
         if not self.config.shared_lm_head:
             with torch.inference_mode(False), torch.no_grad():  # parameters, never inference tensors
                 self.lm_heads.to(dtype)
@@ -125,12 +115,7 @@ class MedusaHeads(nn.Module):
         return self.project(k, self.blocks[k](hidden))
 
     def _run(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
-        """Heads 0..k-1 on hidden [..., H] -> [k, ..., V].
-
-        Drafting runs this every round on one hidden state, where each torch call costs more than
-        its arithmetic, so the k heads share calls: their first residual blocks are one product
-        over the stacked weights, and the projections' dtype conversions happen once for all k.
-        """
+        """Heads 0..k-1 on hidden [..., H] -> [k, ..., V], batched: on one row a call outweighs its maths."""
         x = self._blocks(hidden, k)  # [k, ..., H]
         if self.config.shared_lm_head:
             return self._shared[0](x)  # one pass over the shared vocabulary matrix, not K
@@ -178,11 +163,10 @@ class MedusaHeads(nn.Module):
 
 
 def load_heads(directory: str | Path, target: nn.Module, device=None, dtype=None) -> tuple[MedusaHeads, list[tuple[int, ...]] | None]:
-    """Load heads saved by `MedusaHeads.save`, checked against the target.
+    """Load heads saved by `MedusaHeads.save`; ValueError if missing, corrupt or trained for another model.
 
-    Returns the heads and the tree shipped with them (or None).
-    Raises ValueError with a clear message for a missing folder, a corrupt
-    file or heads trained for another model.
+    Returns:
+        (the heads, the tree shipped with them or None).
     """
     d = Path(directory)
     if not (d / CONFIG_NAME).is_file():
@@ -219,11 +203,7 @@ def load_heads(directory: str | Path, target: nn.Module, device=None, dtype=None
 
 def random_heads(target: nn.Module, num_heads: int = 4, num_layers: int = 1, seed: int = 0,
                  shared_lm_head: bool = True, scale: float = 0.5) -> MedusaHeads:
-    """Seeded random heads, for tests and for models without trained heads.
-
-    Zero-initialised heads would all copy the target's next-token guess, so
-    the residual weights get a seeded random perturbation instead.
-    """
+    """Seeded random heads for tests and untrained models, perturbed so they do not all copy the target."""
     hidden, vocab = target_dims(target)
     heads = MedusaHeads(HeadsConfig(hidden, vocab, num_heads, num_layers, shared_lm_head),
                         target.get_output_embeddings())

@@ -1,34 +1,21 @@
 """Prompt lookup: draft the tokens that followed the last time this n-gram occurred.
 
-Code, chat transcripts and small models repeat themselves, and n-gram
-matching drafts those repeats for free (no weights, no forward), as in
-Saxena's prompt lookup decoding and HF's `prompt_lookup_num_tokens`.
-`LookupDrafter` proposes the chain behind the `drafter.Drafter` interface;
-the draft step grafts it into another drafter's tree, so one verify pass
-checks both, or drafts with the chain alone when the context has a match
-(the request's `lookup_mode`).
-
-A proposal is a deterministic function of the committed tokens, so it is
-a point-mass draft and the verifier's rules stay lossless unchanged.
+Repeats in code, chat and small models' output are drafted for free, with no weights and no forward (Saxena's
+prompt lookup decoding, HF's `prompt_lookup_num_tokens`). A proposal is a deterministic function of the
+committed tokens, so it is a point-mass draft and the verifier's rules stay lossless unchanged.
 """
 from __future__ import annotations
 
 from .draft_tree import graft_chain
 from .drafter import Proposal
 
-# Tokens proposed per round by `specdec.generate`, the CLI and the app (HF's
-# `prompt_lookup_num_tokens` is commonly 10 too). The Engine itself defaults to 0.
+# Tokens proposed per round by `specdec.generate`, the CLI and the app; the Engine itself defaults to 0.
 DEFAULT_LOOKUP = 10
 MAX_LOOKUP = 64  # the longest chain a round may draft; every entry point checks against it
 
 
 class NgramIndex:
-    """The latest occurrence of every n-gram (1 <= n <= max_ngram) of a growing token list.
-
-    The index covers n-grams that end before the last token, so the
-    current suffix never matches itself. Updating costs O(max_ngram) per
-    new token; a proposal costs max_ngram dict lookups.
-    """
+    """Latest occurrence of each n-gram (n <= max_ngram) before the last token: no suffix matches itself."""
 
     def __init__(self, tokens: list[int], max_ngram: int = 3) -> None:
         if not isinstance(max_ngram, int) or isinstance(max_ngram, bool) or max_ngram < 1:
@@ -52,21 +39,14 @@ class NgramIndex:
         return self.match(length)[0]
 
     def match(self, length: int) -> tuple[list[int], int]:
-        """`propose`'s tokens and the length n of the suffix n-gram they follow (0: no match).
-
-        The longer the match, the likelier its chain: on the embedded model, the first token of a chain
-        was the greedy token after 39% of 1-gram matches and 95% of 3-gram ones (and 16% against 62%
-        at T = 1.0), so the dynamic tree calibrates chains per match length.
-        """
+        """`propose`'s tokens and the length n of the suffix n-gram they follow (0: no match)."""
         toks = self.tokens
         if length < 1:
             return [], 0
         for n in range(min(self.max_ngram, len(toks)), 0, -1):
             end = self._last.get(tuple(toks[-n:]))
             if end is not None:
-                # An overlapping copy, as in LZ77: when the copy reaches the end of the context it
-                # goes on reading what it has just proposed, so a repeat with a short period
-                # (the latest match is then only a few tokens back) still yields `length` tokens.
+                # An overlapping copy, as in LZ77, so a short-period repeat still yields `length` tokens.
                 out: list[int] = []
                 for j in range(end + 1, end + 1 + length):
                     out.append(toks[j] if j < len(toks) else out[j - len(toks)])
@@ -75,8 +55,7 @@ class NgramIndex:
 
 
 class LookupDrafter:
-    """Prompt lookup behind the `drafter.Drafter` interface: a chain of the tokens that followed the
-    context's longest matching suffix n-gram, as long as the room allows."""
+    """Prompt lookup behind `drafter.Drafter`: what followed the longest matching suffix, room allowing."""
 
     source = "lookup"
 

@@ -29,14 +29,12 @@ class Draft:
     tokens: list[int]  # [N]
     q: list[float | None]  # [N]; None for the root and for prompt-lookup nodes (point-mass drafts)
     drafted: bool  # False for a plain round: the root alone, nothing proposed
-    # The dynamic policy's bookkeeping, per node: `drafting.HeadNode` or `drafting.ChainNode`, None for the
-    # root; empty for static trees.
+    # Per node, the dynamic policy's `drafting.HeadNode` or `ChainNode` (None: root); empty for static trees.
     learn: tuple = ()
     expected: float | None = None  # the policy's expected tokens this round
     heads_ran: float = 0.0  # the share of the heads that ran: 0, 1/K for a probe of the first, or 1
     match: int = 0  # the length of the n-gram the lookup chain followed (0: no chain)
-    # Greedy dynamic rounds that ran the heads: every candidate's (scores [D][k], token ids [D][k]), drafted
-    # or not, so the policy learns how each would have fared (`drafting.learn`).
+    # Greedy dynamic rounds with heads: every candidate's (scores [D][k], ids [D][k]), for `drafting.learn`.
     candidates: tuple | None = None
     source: str = "heads"  # what drafted the non-lookup nodes: "heads" (Medusa) or "eagle3"
 
@@ -82,11 +80,7 @@ def cut(tokens: tuple[EmittedToken, ...], produced: int, plan: Plan, committed: 
 
 def with_text(tokens: tuple[EmittedToken, ...], detok: IncrementalDecoder, finished: str | None
               ) -> tuple[EmittedToken, ...]:
-    """Give the (already cut) tokens their incremental text.
-
-    Runs after the EOS / length cut, so dropped tokens never reach the decoder; on the last
-    round the decoder is flushed so a trailing partial character is not lost.
-    """
+    """Give the already cut tokens their incremental text, flushing the decoder on the last round."""
     out = [replace(t, text=detok.push(t.token_id)) for t in tokens]
     if finished is not None and out:
         tail = detok.flush()
