@@ -98,8 +98,11 @@ def model_key(engine: "Engine") -> str:
     return hashlib.sha1(raw.encode()).hexdigest()[:16]
 
 
+_MEASURED: dict[str, CostModel] = {}  # this process's measurements by `model_key`: a second load reuses one
+
+
 def load_or_measure(engine: "Engine", cache_dir: str | Path | None, budget_s: float = 2.0) -> CostModel:
-    """The cached cost model for this model + device + dtype, or a fresh measurement saved there."""
+    """The cached cost model for this model + device + dtype, else this process's, else a fresh measurement."""
     key = model_key(engine)
     path = cache_file(cache_dir, key) if cache_dir is not None else None
     if path is not None and path.is_file():
@@ -109,7 +112,8 @@ def load_or_measure(engine: "Engine", cache_dir: str | Path | None, budget_s: fl
                 return model
         except (ValueError, KeyError, TypeError):
             pass  # a stale or damaged file is measured again and overwritten
-    model = measure(engine, budget_s)
+    model = _MEASURED.get(key) or measure(engine, budget_s)
+    _MEASURED[key] = model
     if path is not None:
         save(model, path)
     return model

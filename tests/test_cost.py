@@ -83,6 +83,18 @@ def test_cached_per_model_device_and_dtype(loaded, tmp_path, monkeypatch):
     assert cost_mod.load_or_measure(loaded.engine, tmp_path) == first
 
 
+def test_a_second_load_in_this_process_reuses_the_measurement(llama, monkeypatch):
+    """Re-running `specdec.load` on the same model measures once; a model of another shape measures its own."""
+    from conftest import make_model
+
+    first = specdec.load(llama, heads="random", device="cpu").engine.cost_model()
+    monkeypatch.setattr(cost_mod, "measure", lambda *a, **k: pytest.fail("measured again in this process"))
+    assert specdec.load(llama, heads="random", device="cpu").engine.cost_model() == first
+    other = specdec.load(make_model("llama", context=96), heads="random", device="cpu").engine
+    with pytest.raises(pytest.fail.Exception, match="measured again"):  # control: another key is measured
+        other.cost_model()
+
+
 def test_a_damaged_cache_file_is_measured_again(loaded, tmp_path):
     key = cost_mod.model_key(loaded.engine)
     (tmp_path / f"cost-{key}.json").write_text("{not json")

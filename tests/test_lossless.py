@@ -131,7 +131,9 @@ def draw(rounds: Rounds, n: int, seed: int, params=PARAMS, rule="lossless") -> n
     return counts
 
 
-@pytest.fixture(scope="module", params=["chain", "default", "default@1"])
+# The quick loop draws from the default tree; the full suite adds the chain and the tree cut to depth 1.
+@pytest.fixture(scope="module", params=["default", pytest.param("chain", marks=pytest.mark.slow),
+                                        pytest.param("default@1", marks=pytest.mark.slow)])
 def rounds(request, model):
     return Rounds(model, request.param)
 
@@ -266,7 +268,7 @@ def joint_after_first(model):
     return sum(p1[a] * exact_joint(model, prompt + [a]) for a in range(V) if p1[a] > 0)
 
 
-@pytest.mark.slow  # a statistical run (about 5 s): CI runs it, the quick loop leaves it out
+@pytest.mark.slow  # a statistical run
 @pytest.mark.parametrize("tree", ["default", "chain"])
 def test_engine_is_lossless(model, joint_after_first, tree):
     counts = engine_counts(model, tree, N_ENGINE, seed0=10_000)
@@ -319,6 +321,7 @@ def test_engine_negative_control_ignores_top_p(model, joint_after_first, monkeyp
     assert p < FAIL_P
 
 
+@pytest.mark.slow  # a statistical run
 def test_plain_mode_is_lossless(model, joint):
     """speculative=False samples the same law (same sampler, one token per round)."""
     loaded = specdec.load(model, heads=None, device="cpu")
@@ -366,7 +369,7 @@ def joint_after_first_lookup(model):
     return sum(p1[a] * exact_joint(model, LOOKUP_PROMPT + [a]) for a in range(V) if p1[a] > 0)
 
 
-@pytest.mark.slow  # a long statistical run; test_engine_is_lossless[default] keeps one in the quick loop
+@pytest.mark.slow  # a long statistical run
 @pytest.mark.parametrize("mode", ["first", "merge"])
 def test_engine_with_lookup_is_lossless(model, joint_after_first_lookup, mode):
     counts, hit = lookup_counts(model, mode, N_ENGINE, seed0=20_000)
@@ -438,7 +441,7 @@ def test_dynamic_tree_with_lookup_negative_control_always_accept(model, joint_af
     assert p < FAIL_P
 
 
-@pytest.mark.slow  # a long statistical run; test_engine_is_lossless[default] keeps one in the quick loop
+@pytest.mark.slow  # a long statistical run
 def test_engine_with_lookup_negative_control_always_accept(model, joint_after_first_lookup, lookup_always_accepted):
     """The planted bug of `lookup_always_accepted` must fail."""
     counts, _ = lookup_counts(model, "first", N_CONTROL, seed0=20_000)
@@ -468,7 +471,7 @@ def window_joint(window_model):
     return sum(p1[a] * exact_joint(window_model, prompt + [a]) for a in range(V) if p1[a] > 0)
 
 
-@pytest.mark.slow  # a long statistical run; test_engine_is_lossless[default] keeps one in the quick loop
+@pytest.mark.slow  # a long statistical run
 def test_sliding_window_model_with_prefix_cache_is_lossless(window_model, window_joint):
     from specdec.prefix_cache import PrefixCache
 
@@ -481,7 +484,7 @@ def test_sliding_window_model_with_prefix_cache_is_lossless(window_model, window
     assert p > PASS_P
 
 
-@pytest.mark.slow  # a long statistical run; test_engine_is_lossless[default] keeps one in the quick loop
+@pytest.mark.slow  # a long statistical run
 def test_sliding_window_negative_control_ignores_the_filters(window_model, window_joint, monkeypatch):
     """A planted bug: verification on the raw softmax (no temperature, no filters) must fail."""
     monkeypatch.setattr(verifier_mod, "target_probs", lambda logits, params: torch.softmax(logits.float(), -1))
