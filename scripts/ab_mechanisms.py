@@ -13,19 +13,15 @@ greedy and at T=0.7/top-p 0.9, `--pairs` times after a warm-up; each pair gives 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import statistics
-import textwrap
 import time
 
 import torch
 
 import specdec
 from bench.config import DEFAULT_PROMPTS
-from specdec import target as target_mod
 from specdec import tree_policy
-from specdec.target import TargetModel
 
 
 def _state(loaded):
@@ -35,7 +31,6 @@ def _state(loaded):
 def _restore(loaded, state):
     loaded.engine.target.use_packed_rows(state)
     tree_policy.DynamicTree._rest, tree_policy.DynamicTree.__init__ = _REST, _INIT
-    TargetModel.forward_rows = _ROWS
 
 
 _REST, _INIT = tree_policy.DynamicTree._rest, tree_policy.DynamicTree.__init__
@@ -50,25 +45,12 @@ def _never_rest(loaded):
     tree_policy.DynamicTree.__init__ = no_probe_init
 
 
-_ROWS = TargetModel.forward_rows
-
-
-def _batch_masks_alone(loaded):
-    """A lone request's forward through the batch's 4D masks instead of its own (`TargetModel._forward_row`)."""
-    src = textwrap.dedent(inspect.getsource(_ROWS)).splitlines()
-    at = next(i for i, line in enumerate(src) if "_forward_row(" in line)
-    ns: dict = {}
-    exec("\n".join(src[: at - 1] + src[at + 1 :]), vars(target_mod), ns)  # noqa: S102 (this file's own A/B)
-    TargetModel.forward_rows = ns["forward_rows"]
-
-
 # name -> (the mechanism on, the mechanism off): each changes the loaded defaults, which are put back after
 MECHANISMS = {
     "A/A (default against itself)": (lambda loaded: None, lambda loaded: None),
     "packed rows": (lambda loaded: loaded.engine.target.use_packed_rows(True),
                     lambda loaded: loaded.engine.target.use_packed_rows(False)),
     "heads' rest/probe schedule": (lambda loaded: None, _never_rest),
-    "a lone request's own masks": (lambda loaded: None, _batch_masks_alone),
 }
 
 

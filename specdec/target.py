@@ -278,8 +278,6 @@ class TargetModel:
             hidden = self.graphs.forward_rows(cache, lo, tokens, trees)
             if hidden is not None:
                 return hidden
-        if len(tokens) == 1 and not cache.fixed_shapes:
-            return self._forward_row(cache, lo, tokens[0], trees[0], taps)
         b, T = len(tokens), max(len(t) for t in tokens)
         width = cache.begin(lo, b, T)
         past = torch.tensor(cache.starts)  # [b]
@@ -299,16 +297,6 @@ class TargetModel:
         out = self.base(input_ids=ids.to(self.device), position_ids=pos.to(self.device), **{self.cache_arg: cache},
                         use_cache=True, attention_mask=mask, output_hidden_states=taps)
         return self._hidden(out, taps)  # [b, T, H]
-
-    def _forward_row(self, cache: kv_cache.BatchCache, row: int, tokens: list[int],
-                     tree: tuple[torch.Tensor, torch.Tensor] | None, taps: bool = False) -> torch.Tensor:
-        """`forward_rows` for one request with `forward`'s masks, cheaper than the batch's; -> [1, T, H]."""
-        T = len(tokens)
-        width = cache.begin(row, 1, T)
-        pos, kwargs = self._inputs(T, cache.starts[0], width, *(tree or (None, None)), hides_slots=False)
-        out = self.base(input_ids=torch.tensor([tokens], device=self.device), position_ids=pos[None],
-                        **{self.cache_arg: cache}, use_cache=True, output_hidden_states=taps, **kwargs)
-        return self._hidden(out, taps)  # [1, T, H]
 
     def _inputs(self, T: int, past: int, width: int, tree_mask: torch.Tensor | None, depth: torch.Tensor | None,
                 hides_slots: bool) -> tuple[torch.Tensor, dict]:

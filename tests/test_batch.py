@@ -64,9 +64,9 @@ def test_forward_rows_equals_each_requests_own_forward(arch, models):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_a_lone_row_runs_its_own_forwards_masks(arch, models):
-    """One request in the batch takes `forward`'s masks (`TargetModel._forward_row`): a tree, a chain and
-    one token each equal its own buffer's forward, in a row other than the first."""
+def test_a_lone_row_equals_its_own_forward(arch, models):
+    """One request in the batch, in a row other than the first: a tree, a chain and one token each equal its
+    own buffer's forward."""
     model = models[arch]
     target = TargetModel(model)
     batch = kv_cache.BatchCache(model.config.num_hidden_layers, 4, 64, fixed_shapes=False)
