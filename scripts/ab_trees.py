@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 
 WORKER = r"""
-import json, sys, time
+import json, os, sys, time
 import specdec
 from bench.config import DEFAULT_PROMPTS
-loaded = specdec.load()
+loaded = specdec.load(**json.loads(os.environ.get("SPECDEC_AB_LOAD", "{}")))
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     job = json.loads(line)
@@ -34,8 +34,9 @@ for line in sys.stdin:
 
 
 class Worker:
-    def __init__(self, tree: Path) -> None:
-        env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    def __init__(self, tree: Path, load: str = "{}") -> None:
+        env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "SPECDEC_AB_LOAD": load}
         self.proc = subprocess.Popen([sys.executable, "-c", WORKER], cwd=tree, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
         assert json.loads(self.proc.stdout.readline())["ready"]
@@ -58,9 +59,12 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--modes", default="greedy,sampled")
+    ap.add_argument("--new-load", default="{}", help='keyword arguments of the new tree\'s specdec.load, as JSON '
+                                                      '(e.g. \'{"heads_dtype": "bfloat16"}\')')
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    workers = {"old": Worker(Path(args.old).resolve()), "new": Worker(Path(args.new).resolve())}
+    json.loads(args.new_load)  # refused here, not in the worker
+    workers = {"old": Worker(Path(args.old).resolve()), "new": Worker(Path(args.new).resolve(), args.new_load)}
     out = {}
     try:
         for mode in args.modes.split(","):
