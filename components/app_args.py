@@ -5,7 +5,6 @@ import argparse
 import os
 
 import specdec
-from specdec import engine_process
 from specdec.prefix_cache import PrefixCache
 
 
@@ -64,8 +63,3 @@ def prefix_cache_bytes(args: argparse.Namespace) -> int | None:
 def prefix_cache(args: argparse.Namespace) -> PrefixCache | None:
     cache = prefix_cache_bytes(args)
     return None if cache is None else PrefixCache(max_bytes=cache)
-
-
-def engine_process_on(args: argparse.Namespace) -> bool:
-    """Whether the app serves from an engine process (`--engine-process`; see `engine_process.wanted`)."""
-    return engine_process.wanted(args.engine_process, args.device)

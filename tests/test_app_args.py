@@ -76,7 +76,10 @@ def test_main_names_why_a_model_is_refused(monkeypatch, tmp_path, where):
 
 
 def test_engine_process_flag(monkeypatch):
-    from components.app_args import engine_process_on
+    from specdec.engine_process import wanted
+
+    def engine_process_on(args):
+        return wanted(args.engine_process, args.device)
 
     assert parse_args([]).engine_process == "auto"
     assert engine_process_on(parse_args(["--engine-process", "on", "--device", "cuda"]))
