@@ -22,6 +22,7 @@ import torch
 import specdec
 from bench.config import DEFAULT_PROMPTS
 from specdec import tree_policy
+from specdec.batch import Batch
 
 
 def _state(loaded):
@@ -31,9 +32,11 @@ def _state(loaded):
 def _restore(loaded, state):
     loaded.engine.target.use_packed_rows(state)
     tree_policy.DynamicTree._rest, tree_policy.DynamicTree.__init__ = _REST, _INIT
+    Batch._verify_greedy = _JOINT
 
 
 _REST, _INIT = tree_policy.DynamicTree._rest, tree_policy.DynamicTree.__init__
+_JOINT = Batch._verify_greedy
 
 
 def _never_rest(loaded):
@@ -51,12 +54,21 @@ MECHANISMS = {
     "packed rows": (lambda loaded: loaded.engine.target.use_packed_rows(True),
                     lambda loaded: loaded.engine.target.use_packed_rows(False)),
     "heads' rest/probe schedule": (lambda loaded: None, _never_rest),
+    # each greedy member then verifies alone (in `Batch.finish`); only a batch (--batch > 1) has a joint pass
+    "a batch's joint greedy verify": (lambda loaded: None,
+                                      lambda loaded: setattr(Batch, "_verify_greedy", lambda self, *a: ({}, 0.0))),
 }
 
 
-def run(loaded, prompts, new_tokens, sampled: bool, seed: int) -> tuple[int, float]:
+def run(loaded, prompts, new_tokens, sampled: bool, seed: int, batch: int = 1) -> tuple[int, float]:
     kw = dict(temperature=0.7, top_p=0.9, seed=seed) if sampled else {}
     tokens, t0 = 0, time.perf_counter()
+    if batch > 1:  # the scheduler's batches: `generate_batch` over `batch` prompts at a time
+        for i in range(0, len(prompts), batch):
+            out = specdec.generate_batch(loaded, prompts[i : i + batch], max_new_tokens=new_tokens,
+                                         eos_token_id=None, **kw)
+            tokens += sum(len(r.token_ids) for r in out)
+        return tokens, time.perf_counter() - t0
     for p in prompts:
         tokens += len(specdec.generate(loaded, p, max_new_tokens=new_tokens, eos_token_id=None, **kw).token_ids)
     return tokens, time.perf_counter() - t0
@@ -68,6 +80,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument("--only", default="", help="comma-separated mechanism names (default: all)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    ap.add_argument("--batch", type=int, default=1, help="requests decoded together (1: one `generate` at a time)")
+    ap.add_argument("--modes", default="greedy,sampled")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.threads:
@@ -79,9 +93,9 @@ def main() -> None:
     prompts = DEFAULT_PROMPTS
     names = [n for n in MECHANISMS if not args.only or n in args.only.split(",")]
     out = {}
-    for mode in ("greedy", "sampled"):
+    for mode in args.modes.split(","):
         sampled = mode == "sampled"
-        run(loaded, prompts[:2], 32, sampled, 0)  # warm-up
+        run(loaded, prompts[:2], 32, sampled, 0, args.batch)  # warm-up
         for name in names:
             setups = dict(zip((True, False), MECHANISMS[name]))
             ratios, on_rates, off_rates = [], [], []
@@ -92,7 +106,7 @@ def main() -> None:
                     state = _state(loaded)
                     setups[on](loaded)
                     try:
-                        n, s = run(loaded, prompts, args.new_tokens, sampled, i)
+                        n, s = run(loaded, prompts, args.new_tokens, sampled, i, args.batch)
                     finally:
                         _restore(loaded, state)
                     rates[on] = n / s
@@ -107,7 +121,8 @@ def main() -> None:
                   flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"pairs": args.pairs, "new_tokens": args.new_tokens, "prompts": len(prompts), "rows": out},
+            json.dump({"pairs": args.pairs, "new_tokens": args.new_tokens, "prompts": len(prompts), "batch": args.batch,
+                       "rows": out},
                       f, indent=1)
 
 
