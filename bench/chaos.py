@@ -1,7 +1,7 @@
 """A fault hook for chaos runs (the app's `--chaos`, the soak bench and the tests): some requests fail mid-stream.
 
 The scheduler calls a fault hook as `hook(request id, round index, step)` before each step of each request
-(`specdec.batch.FaultHook`); what it raises is that step's own failure.
+(`specdec.failure.FaultHook`); what it raises is that step's own failure.
 """
 from __future__ import annotations
 

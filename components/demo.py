@@ -23,7 +23,7 @@ from .app_args import parse_args, prefix_cache_bytes
 from .draft_tree_figure import tree_figure
 from .pace import UI_PACE
 from .texts import API, CLEAR_DETAIL_JS, SCROLL_TO_RACE_JS
-from specdec.batch import FaultHook
+from specdec.failure import FaultHook
 from specdec import engine_process
 from specdec.metrics import Metrics
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import drafting, kv_cache
-from .failure import Failure, Outcome, cause_of, failed, message_of
+from .failure import Failure, FaultHook, Outcome, cause_of, failed, message_of
 from .run_state import Draft, RunState
 from .sampler import SamplingParams
 from .stopwatch import Stopwatch
@@ -24,8 +24,6 @@ from .verifier import Verdict, all_rows_at_once, verify_greedy_batch
 if TYPE_CHECKING:
     from .engine import Engine
 
-# fault_hook(request id, round index, step) runs before each request's steps; what it raises is that step's failure.
-FaultHook = Callable[[int, int, str], None]
 @dataclass(eq=False)
 class Member:
     """One request in the batch: its run, callbacks and round counter."""

@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
 from .events import RoundEvent
 
 CAUSES = ("callback", "params", "non_finite", "out_of_memory", "error")
+
+# fault_hook(request id, round index, step) runs before each request's steps; what it raises is that step's failure.
+FaultHook = Callable[[int, int, str], None]
 
 
 @dataclass(frozen=True)

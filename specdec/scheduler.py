@@ -19,9 +19,9 @@ from concurrent.futures import Future
 from typing import Callable, Iterator, Protocol
 
 from . import kv_cache, prefill
-from .batch import Batch, FaultHook, Member
+from .batch import Batch, Member
 from .engine import Engine
-from .failure import CAUSES, Failure, cause_of, message_of
+from .failure import CAUSES, Failure, FaultHook, cause_of, message_of
 from .events import RoundEvent
 from .request import as_request, callbacks_of
 from .threads import off_the_callers_thread
