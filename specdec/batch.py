@@ -1,8 +1,8 @@
 """One decoding round for a batch of requests: B trees, one target forward, B verdicts.
 
-Each request keeps its own `RunState` and goes through the engine's steps; only the forward (each request in
-its own row of a `kv_cache.BatchCache`, padding masked both ways) and the greedy verify are shared, so output
-equals the request run alone up to float rounding. Faults stay with their request: a failed step or non-finite
+Each request keeps its own `RunState` and goes through the engine's steps; the heads' logits, the forward (each
+request in its own row of a `kv_cache.BatchCache`, padding masked both ways) and the greedy verify are shared,
+so output equals the request run alone up to float rounding. Faults stay with their request: a failed step or non-finite
 row ends that request only, a raising shared forward is retried row by row, and nothing is committed before
 the verdict.
 """

@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import statistics
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -91,14 +92,16 @@ def model_key(engine: "Engine") -> str:
     device = target.device
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
     heads = (engine.heads.config, engine.heads.projection_dtype) if engine.heads is not None else None
+    attention = getattr(target.model.config, "_attn_implementation", None)  # not in the config's JSON
     raw = "|".join(map(str, (cfg, heads, device.type, where, target.dtype, torch.get_num_threads(),
-                             torch.__version__, os.cpu_count())))
+                             torch.__version__, os.cpu_count(), attention, target.packed_rows is not None)))
     if target.graphs is not None:  # replayed graphs cost far less than eager forwards: a separate model
         raw += "|graphs"
     return hashlib.sha1(raw.encode()).hexdigest()[:16]
 
 
 _MEASURED: dict[str, CostModel] = {}  # this process's measurements by `model_key`: a second load reuses one
+_MEASURING = threading.Lock()  # one measurement at a time: two at once would share the cores and both read slow
 
 
 def load_or_measure(engine: "Engine", cache_dir: str | Path | None, budget_s: float = 2.0) -> CostModel:
@@ -112,8 +115,9 @@ def load_or_measure(engine: "Engine", cache_dir: str | Path | None, budget_s: fl
                 return model
         except (ValueError, KeyError, TypeError):
             pass  # a stale or damaged file is measured again and overwritten
-    model = _MEASURED.get(key) or measure(engine, budget_s)
-    _MEASURED[key] = model
+    with _MEASURING:
+        model = _MEASURED.get(key) or measure(engine, budget_s)
+        _MEASURED[key] = model
     if path is not None:
         save(model, path)
     return model

@@ -151,8 +151,8 @@ def test_plain_and_speculative_requests_share_a_batch(models, hf_refs):
 @pytest.mark.parametrize("size", [4, 1])
 @pytest.mark.parametrize("name", ["mistral", "qwen2", "gemma2"])
 def test_batched_sliding_window_models_stay_exact_past_the_window(name, size):
-    """The window goes into each row's mask ("uniform" Mistral, "mapping" Qwen2 and Gemma-2); a lone
-    row (size 1) takes `forward`'s masks, HF's own for a chain."""
+    """The window goes into each row's mask ("uniform" Mistral, "mapping" Qwen2 and Gemma-2), for a lone row
+    (size 1) as for a batch."""
     from test_target import LONG_PROMPT, WINDOW, hub_model
 
     model = hub_model(name)

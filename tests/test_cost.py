@@ -95,6 +95,19 @@ def test_a_second_load_in_this_process_reuses_the_measurement(llama, monkeypatch
         other.cost_model()
 
 
+def test_the_key_tells_packed_rows_and_the_attention_implementation_apart(llama):
+    from conftest import make_model
+
+    plain = specdec.load(llama, heads="random", device="cpu", packed_rows=False).engine
+    packed = specdec.load(llama, heads="random", device="cpu", packed_rows=True).engine
+    if packed.target.packed_rows is None:
+        pytest.skip("no prepacked oneDNN product in this torch build")
+    assert cost_mod.model_key(plain) != cost_mod.model_key(packed)
+    eager = specdec.load(make_model("llama", attn="eager"), heads="random", device="cpu", packed_rows=False).engine
+    sdpa = specdec.load(make_model("llama", attn="sdpa"), heads="random", device="cpu", packed_rows=False).engine
+    assert cost_mod.model_key(eager) != cost_mod.model_key(sdpa)
+
+
 def test_a_damaged_cache_file_is_measured_again(loaded, tmp_path):
     key = cost_mod.model_key(loaded.engine)
     (tmp_path / f"cost-{key}.json").write_text("{not json")
