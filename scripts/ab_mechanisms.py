@@ -84,6 +84,10 @@ def main() -> None:
     ap.add_argument("--modes", default="greedy,sampled")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.batch < 1:
+        ap.error(f"--batch must be an integer >= 1, got {args.batch}")
+    if not set(args.modes.split(",")) <= {"greedy", "sampled"}:
+        ap.error(f"--modes must be greedy, sampled or both (comma-separated), got {args.modes!r}")
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = specdec.load(heads="medusa")

@@ -63,7 +63,11 @@ def main() -> None:
                                                       '(e.g. \'{"heads_dtype": "bfloat16"}\')')
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    json.loads(args.new_load)  # refused here, not in the worker
+    try:  # refused here, not in the worker
+        if not isinstance(json.loads(args.new_load), dict):
+            raise ValueError
+    except ValueError:
+        ap.error(f"--new-load must be a JSON object of keyword arguments, got {args.new_load!r}")
     workers = {"old": Worker(Path(args.old).resolve()), "new": Worker(Path(args.new).resolve(), args.new_load)}
     out = {}
     try:
