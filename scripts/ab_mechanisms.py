@@ -5,7 +5,7 @@ root-token heads, a cost model learnt from the engine's own rounds) are in git's
 in BENCHMARKS.md; those left are timed here.
 
 For each mechanism the two variants run interleaved (on, off, on, off, ...) over the held-out bench prompts,
-greedy and at T=0.7/top-p 0.9, `--pairs` times after a warm-up; each pair gives a ratio of tokens per second
+greedy and at T=0.7/top-p 0.9 (and with `--modes plain`, greedy without drafting), `--pairs` times after a warm-up; each pair gives a ratio of tokens per second
 (on / off). An A/A row (the default against itself) shows the run-to-run spread the others must beat.
 
     python scripts/ab_mechanisms.py --pairs 5 --json runs/ab_mechanisms.json
@@ -23,6 +23,7 @@ import specdec
 from bench.config import DEFAULT_PROMPTS
 from specdec import tree_policy
 from specdec.batch import Batch
+from specdec.target import TargetModel
 
 
 def _state(loaded):
@@ -33,10 +34,12 @@ def _restore(loaded, state):
     loaded.engine.target.use_packed_rows(state)
     tree_policy.DynamicTree._rest, tree_policy.DynamicTree.__init__ = _REST, _INIT
     Batch._verify_greedy = _JOINT
+    TargetModel._lone_inputs = _LONE
 
 
 _REST, _INIT = tree_policy.DynamicTree._rest, tree_policy.DynamicTree.__init__
 _JOINT = Batch._verify_greedy
+_LONE = TargetModel._lone_inputs
 
 
 def _never_rest(loaded):
@@ -57,11 +60,14 @@ MECHANISMS = {
     # each greedy member then verifies alone (in `Batch.finish`); only a batch (--batch > 1) has a joint pass
     "a batch's joint greedy verify": (lambda loaded: None,
                                       lambda loaded: setattr(Batch, "_verify_greedy", lambda self, *a: ({}, 0.0))),
+    # off: a lone request's round builds the batch's padded 4D mask, as two or more requests' do
+    "a lone request's own masks": (lambda loaded: None,
+                                   lambda loaded: setattr(TargetModel, "_lone_inputs", TargetModel._batch_inputs)),
 }
 
 
-def run(loaded, prompts, new_tokens, sampled: bool, seed: int, batch: int = 1) -> tuple[int, float]:
-    kw = dict(temperature=0.7, top_p=0.9, seed=seed) if sampled else {}
+def run(loaded, prompts, new_tokens, mode: str, seed: int, batch: int = 1) -> tuple[int, float]:
+    kw = {"sampled": dict(temperature=0.7, top_p=0.9, seed=seed), "plain": dict(speculative=False)}.get(mode, {})
     tokens, t0 = 0, time.perf_counter()
     if batch > 1:  # the scheduler's batches: `generate_batch` over `batch` prompts at a time
         for i in range(0, len(prompts), batch):
@@ -86,8 +92,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.batch < 1:
         ap.error(f"--batch must be an integer >= 1, got {args.batch}")
-    if not set(args.modes.split(",")) <= {"greedy", "sampled"}:
-        ap.error(f"--modes must be greedy, sampled or both (comma-separated), got {args.modes!r}")
+    if not set(args.modes.split(",")) <= {"greedy", "sampled", "plain"}:
+        ap.error(f"--modes must be comma-separated greedy, sampled, plain (greedy without drafting), "
+                 f"got {args.modes!r}")
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = specdec.load(heads="medusa")
@@ -98,8 +105,7 @@ def main() -> None:
     names = [n for n in MECHANISMS if not args.only or n in args.only.split(",")]
     out = {}
     for mode in args.modes.split(","):
-        sampled = mode == "sampled"
-        run(loaded, prompts[:2], 32, sampled, 0, args.batch)  # warm-up
+        run(loaded, prompts[:2], 32, mode, 0, args.batch)  # warm-up
         for name in names:
             setups = dict(zip((True, False), MECHANISMS[name]))
             ratios, on_rates, off_rates = [], [], []
@@ -110,7 +116,7 @@ def main() -> None:
                     state = _state(loaded)
                     setups[on](loaded)
                     try:
-                        n, s = run(loaded, prompts, args.new_tokens, sampled, i, args.batch)
+                        n, s = run(loaded, prompts, args.new_tokens, mode, i, args.batch)
                     finally:
                         _restore(loaded, state)
                     rates[on] = n / s

@@ -280,6 +280,21 @@ class TargetModel:
                 return hidden
         b, T = len(tokens), max(len(t) for t in tokens)
         width = cache.begin(lo, b, T)
+        ids, pos, kwargs = (self._lone_inputs if b == 1 else self._batch_inputs)(cache, tokens, trees, width)
+        out = self.base(input_ids=ids.to(self.device), position_ids=pos.to(self.device), **{self.cache_arg: cache},
+                        use_cache=True, output_hidden_states=taps, **kwargs)
+        return self._hidden(out, taps)  # [b, T, H]
+
+    def _lone_inputs(self, cache: kv_cache.BatchCache, tokens: list[list[int]], trees: list, width: int):
+        """One request needs no padding: its own forward's inputs, HF's causal masks for a chain over the slots
+        in use (none for one token), which a 4D mask would cost. -> (ids [1, T], positions [1, T], mask kwargs)"""
+        start, T = cache.starts[0], len(tokens[0])
+        pos, kwargs = self._inputs(T, start, width, *(trees[0] or (None, None)), hides_slots=width > start + T)
+        return torch.tensor(tokens), pos[None], kwargs
+
+    def _batch_inputs(self, cache: kv_cache.BatchCache, tokens: list[list[int]], trees: list, width: int):
+        """Trees padded to the longest: a padding query sees only its own slot. -> (ids, positions, mask kwargs)"""
+        b, T = len(tokens), max(len(t) for t in tokens)
         past = torch.tensor(cache.starts)  # [b]
         ids = torch.zeros(b, T, dtype=torch.long)
         depth = torch.zeros(b, T, dtype=torch.long)
@@ -292,11 +307,8 @@ class TargetModel:
                 tree = (torch.ones(n, n, dtype=torch.bool).tril_(), torch.arange(n))
             see[i, :n, :n] = tree[0]
             depth[i, :n] = tree[1]
-        pos = past[:, None] + depth  # [b, T]
         mask = self._on_device(masks.build(past, see, depth, width, self.dtype, self.window, self.window_mode))
-        out = self.base(input_ids=ids.to(self.device), position_ids=pos.to(self.device), **{self.cache_arg: cache},
-                        use_cache=True, attention_mask=mask, output_hidden_states=taps)
-        return self._hidden(out, taps)  # [b, T, H]
+        return ids, past[:, None] + depth, {"attention_mask": mask}
 
     def _inputs(self, T: int, past: int, width: int, tree_mask: torch.Tensor | None, depth: torch.Tensor | None,
                 hides_slots: bool) -> tuple[torch.Tensor, dict]:
