@@ -4,6 +4,10 @@ Each source tree (a `git worktree` of a base commit, and this checkout) gets one
 the embedded model once; the driver then alternates them, pair after pair (which goes first alternates
 too), over the held-out bench prompts, greedy and at T=0.7/top-p 0.9. Only one worker runs at a time.
 
+Each load measures its own cost model, and the trees it sizes vary from one process to the next by a few
+percent of a run's rounds, so one process per tree would fix a draw of that for the whole run: `--procs`
+starts that many fresh pairs of workers, one after another, and splits the pairs among them.
+
     git worktree add /tmp/base <commit>
     python scripts/ab_trees.py --old /tmp/base --new . --pairs 7 --json runs/ab_trees.json
 """
@@ -56,6 +60,7 @@ def main() -> None:
     ap.add_argument("--old", required=True, help="the base commit's source tree")
     ap.add_argument("--new", default=".", help="this checkout")
     ap.add_argument("--pairs", type=int, default=7)
+    ap.add_argument("--procs", type=int, default=1, help="fresh worker pairs, one after another (each loads anew)")
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--modes", default="greedy,sampled")
@@ -68,28 +73,41 @@ def main() -> None:
             raise ValueError
     except ValueError:
         ap.error(f"--new-load must be a JSON object of keyword arguments, got {args.new_load!r}")
-    workers = {"old": Worker(Path(args.old).resolve()), "new": Worker(Path(args.new).resolve(), args.new_load)}
+    if not 1 <= args.procs <= args.pairs:
+        ap.error(f"--procs must be between 1 and --pairs ({args.pairs}), got {args.procs}")
+    modes = args.modes.split(",")
+    rates = {mode: {"old": [], "new": []} for mode in modes}
+    for p in range(args.procs):
+        workers = {"old": Worker(Path(args.old).resolve()), "new": Worker(Path(args.new).resolve(), args.new_load)}
+        try:
+            for mode in modes:
+                for w in workers.values():  # warm-up
+                    w.run(sampled=mode == "sampled", seed=0, prompts=2, tokens=32)
+                for i in range(p, args.pairs, args.procs):
+                    for name in (("old", "new") if i % 2 == 0 else ("new", "old")):
+                        rates[mode][name].append(workers[name].run(sampled=mode == "sampled", seed=i,
+                                                                   prompts=args.prompts, tokens=args.tokens))
+        finally:
+            for w in workers.values():
+                w.close()
     out = {}
-    try:
-        for mode in args.modes.split(","):
-            for w in workers.values():  # warm-up
-                w.run(sampled=mode == "sampled", seed=0, prompts=2, tokens=32)
-            rates = {"old": [], "new": []}
-            for i in range(args.pairs):
-                for name in (("old", "new") if i % 2 == 0 else ("new", "old")):
-                    rates[name].append(workers[name].run(sampled=mode == "sampled", seed=i, prompts=args.prompts,
-                                                         tokens=args.tokens))
-            ratios = [n / o for n, o in zip(rates["new"], rates["old"])]
-            row = {"old_tok_s": statistics.median(rates["old"]), "new_tok_s": statistics.median(rates["new"]),
-                   "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
-            out[mode] = row
-            print(f"{mode:7s} old {row['old_tok_s']:6.1f} new {row['new_tok_s']:6.1f} tok/s  new/old median "
-                  f"{row['ratio_median']:.3f} [{row['ratio_min']:.3f}, {row['ratio_max']:.3f}]", flush=True)
-    finally:
-        for w in workers.values():
-            w.close()
+    for mode in modes:
+        ratios = [n / o for n, o in zip(rates[mode]["new"], rates[mode]["old"])]
+        per_proc, k = [], 0
+        for p in range(args.procs):  # each process ran pairs p, p + procs, ... in turn
+            n = len(range(p, args.pairs, args.procs))
+            per_proc.append(statistics.median(ratios[k : k + n]))
+            k += n
+        row = {"old_tok_s": statistics.median(rates[mode]["old"]), "new_tok_s": statistics.median(rates[mode]["new"]),
+               "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+               "per_process_medians": per_proc}
+        out[mode] = row
+        print(f"{mode:7s} old {row['old_tok_s']:6.1f} new {row['new_tok_s']:6.1f} tok/s  new/old median "
+              f"{row['ratio_median']:.3f} [{row['ratio_min']:.3f}, {row['ratio_max']:.3f}]; per process "
+              + " ".join(f"{r:.3f}" for r in per_proc), flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"pairs": args.pairs, "prompts": args.prompts, "tokens": args.tokens,
+        Path(args.json).write_text(json.dumps({"pairs": args.pairs, "procs": args.procs, "prompts": args.prompts,
+                                               "tokens": args.tokens,
                                                "rows": out}, indent=1) + "\n")
 
 
