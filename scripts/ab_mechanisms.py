@@ -5,8 +5,9 @@ root-token heads, a cost model learnt from the engine's own rounds) are in git's
 in BENCHMARKS.md; those left are timed here.
 
 For each mechanism the two variants run interleaved (on, off, on, off, ...) over the held-out bench prompts,
-greedy and at T=0.7/top-p 0.9 (and with `--modes plain`, greedy without drafting), `--pairs` times after a warm-up; each pair gives a ratio of tokens per second
-(on / off). An A/A row (the default against itself) shows the run-to-run spread the others must beat.
+greedy and at T=0.7/top-p 0.9 (`--modes plain`: greedy without drafting), `--pairs` times after a warm-up;
+each pair gives a ratio of tokens per second (on / off). An A/A row (the default against itself) shows the
+run-to-run spread the others must beat.
 
     python scripts/ab_mechanisms.py --pairs 5 --json runs/ab_mechanisms.json
 """
@@ -15,15 +16,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import specdec
-from bench.config import DEFAULT_PROMPTS
-from specdec import tree_policy
-from specdec.batch import Batch
-from specdec.target import TargetModel
+import torch  # noqa: E402
+
+import specdec  # noqa: E402
+from bench.config import DEFAULT_PROMPTS  # noqa: E402
+from specdec import tree_policy  # noqa: E402
+from specdec.batch import Batch  # noqa: E402
+from specdec.target import TargetModel  # noqa: E402
 
 
 def _state(loaded):
@@ -95,6 +100,9 @@ def main() -> None:
     if not set(args.modes.split(",")) <= {"greedy", "sampled", "plain"}:
         ap.error(f"--modes must be comma-separated greedy, sampled, plain (greedy without drafting), "
                  f"got {args.modes!r}")
+    unknown = set(args.only.split(",")) - set(MECHANISMS) if args.only else set()
+    if unknown:
+        ap.error(f"--only names unknown mechanisms {sorted(unknown)}; known: {list(MECHANISMS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = specdec.load(heads="medusa")

@@ -76,6 +76,8 @@ def main() -> None:
     if not 1 <= args.procs <= args.pairs:
         ap.error(f"--procs must be between 1 and --pairs ({args.pairs}), got {args.procs}")
     modes = args.modes.split(",")
+    if not set(modes) <= {"greedy", "sampled"}:
+        ap.error(f"--modes must be greedy, sampled or both (comma-separated), got {args.modes!r}")
     rates = {mode: {"old": [], "new": []} for mode in modes}
     for p in range(args.procs):
         workers = {"old": Worker(Path(args.old).resolve()), "new": Worker(Path(args.new).resolve(), args.new_load)}
@@ -83,8 +85,8 @@ def main() -> None:
             for mode in modes:
                 for w in workers.values():  # warm-up
                     w.run(sampled=mode == "sampled", seed=0, prompts=2, tokens=32)
-                for i in range(p, args.pairs, args.procs):
-                    for name in (("old", "new") if i % 2 == 0 else ("new", "old")):
+                for j, i in enumerate(range(p, args.pairs, args.procs)):
+                    for name in (("old", "new") if (j + p) % 2 == 0 else ("new", "old")):  # alternates in a process
                         rates[mode][name].append(workers[name].run(sampled=mode == "sampled", seed=i,
                                                                    prompts=args.prompts, tokens=args.tokens))
         finally:

@@ -286,8 +286,8 @@ class TargetModel:
         return self._hidden(out, taps)  # [b, T, H]
 
     def _lone_inputs(self, cache: kv_cache.BatchCache, tokens: list[list[int]], trees: list, width: int):
-        """One request needs no padding: its own forward's inputs, HF's causal masks for a chain over the slots
-        in use (none for one token), which a 4D mask would cost. -> (ids [1, T], positions [1, T], mask kwargs)"""
+        """One request needs no padding: its own forward's inputs. A chain over only the slots in use (a buffer
+        without fixed shapes) leaves the masks to HF, cheaper than a 4D one. -> (ids [1, T], positions [1, T], kwargs)"""
         start, T = cache.starts[0], len(tokens[0])
         pos, kwargs = self._inputs(T, start, width, *(trees[0] or (None, None)), hides_slots=width > start + T)
         return torch.tensor(tokens), pos[None], kwargs

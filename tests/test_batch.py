@@ -63,13 +63,15 @@ def test_forward_rows_equals_each_requests_own_forward(arch, models):
         torch.testing.assert_close(nxt[i, 0], fresh[-1], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("fixed_shapes", [False, True])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_a_lone_row_equals_its_own_forward(arch, models):
+def test_a_lone_row_equals_its_own_forward(arch, fixed_shapes, models):
     """One request in the batch, in a row other than the first: a tree, a chain and one token each equal its
-    own buffer's forward."""
+    own buffer's forward, and the batch's padded mask (`_batch_inputs`) gives the same rows as the lone
+    request's own inputs (HF's causal masks over the slots in use; a 4D mask for a tree or hidden slots)."""
     model = models[arch]
     target = TargetModel(model)
-    batch = kv_cache.BatchCache(model.config.num_hidden_layers, 4, 64, fixed_shapes=False)
+    batch = kv_cache.BatchCache(model.config.num_hidden_layers, 4, 64, fixed_shapes=fixed_shapes)
     for toks, tree in (([7, 8, 9, 10, 11, 12], (TREE.ancestor_mask, TREE.depth_t)), ([3, 4, 5], None), ([4], None)):
         cache = solo_cache(model, target, PROMPTS[1])
         batch.adopt(2, cache)
@@ -77,6 +79,12 @@ def test_a_lone_row_equals_its_own_forward(arch, models):
         got = target.forward_rows(batch, 2, [toks], [tree])  # [1, T, H]
         assert got.shape[:2] == (1, len(toks))
         torch.testing.assert_close(got[0], want, atol=1e-5, rtol=0)
+        target._lone_inputs = target._batch_inputs  # the padded form, on the same committed row
+        try:
+            padded = target.forward_rows(batch, 2, [toks], [tree])
+        finally:
+            del target._lone_inputs
+        torch.testing.assert_close(padded, got, atol=1e-5, rtol=0)
 
 
 def test_batch_cache_rows_move_grow_and_clear(llama):
