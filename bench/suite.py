@@ -10,6 +10,7 @@ import torch
 
 import specdec
 from specdec.api import DEFAULT_MODEL
+from specdec.threads import off_the_callers_thread
 
 from .config import BenchConfig
 from .memory import peak_memory_mb
@@ -65,7 +66,8 @@ def benchmark(cfg: BenchConfig, loaded: specdec.Loaded | None = None, oracle: Or
         # from a cache another load (perhaps on a busier machine) wrote. Oracle heads need a reference.
         if oracle is not None:
             oracle.begin(list(prompts[0]) + list(conts[0]))
-        loaded.engine.set_cost_model(specdec.cost.measure(loaded.engine))
+        # off this thread on a CPU: a torch op here would start a second OpenMP pool (see `runners.run_hf`)
+        loaded.engine.set_cost_model(off_the_callers_thread(loaded.device, specdec.cost.measure, loaded.engine))
 
     log(f"bench: {len(methods)} methods x {len(prompts)} prompts x {cfg.repeats} repeats, "
         f"{N} new tokens, {loaded.name} on {cfg.device}/{loaded.model.dtype}, threads={torch.get_num_threads()}")
