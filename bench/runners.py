@@ -86,8 +86,7 @@ def run_hf(loaded: specdec.Loaded, ids: list[int], m: Method, cfg: BenchConfig, 
         return out, time.perf_counter() - clock.t0, clock
 
     # On a CPU, HF runs where specdec's rounds run, the scheduler's thread: a second thread's OpenMP pool beside
-    # it makes libgomp's idle workers sleep, and every small op then waits for a wake-up (on the embedded model,
-    # 237 against 714 tokens/s for HF greedy, and about as much for specdec).
+    # it makes libgomp's idle workers sleep, and every small op then waits for a wake-up (BENCHMARKS.md, Method).
     out, seconds, clock = loaded.scheduler.call(timed) if dev.type == "cpu" else timed()
     new = out[0, len(ids):].tolist()
     if cfg.stop_at_eos and eos:
