@@ -57,6 +57,12 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def on_rounds_thread(loaded: specdec.Loaded, fn, *args):
+    """fn(*args) where specdec's rounds run on a CPU, the scheduler's thread: a second thread's OpenMP pool beside
+    it makes libgomp's idle workers sleep, and every small op then waits for a wake-up (BENCHMARKS.md, Method)."""
+    return loaded.scheduler.call(fn, *args) if loaded.device.type == "cpu" else fn(*args)
+
+
 def run_hf(loaded: specdec.Loaded, ids: list[int], m: Method, cfg: BenchConfig, seed: int, max_new: int) -> Run:
     from transformers import GenerationConfig
 
@@ -85,9 +91,7 @@ def run_hf(loaded: specdec.Loaded, ids: list[int], m: Method, cfg: BenchConfig, 
         _sync(dev)
         return out, time.perf_counter() - clock.t0, clock
 
-    # On a CPU, HF runs where specdec's rounds run, the scheduler's thread: a second thread's OpenMP pool beside
-    # it makes libgomp's idle workers sleep, and every small op then waits for a wake-up (BENCHMARKS.md, Method).
-    out, seconds, clock = loaded.scheduler.call(timed) if dev.type == "cpu" else timed()
+    out, seconds, clock = on_rounds_thread(loaded, timed)
     new = out[0, len(ids):].tolist()
     if cfg.stop_at_eos and eos:
         cut = next((i for i, t in enumerate(new) if t in eos), None)
@@ -107,7 +111,7 @@ def engine_request(m: Method, cfg: BenchConfig, ids: list[int], seed: int, max_n
 def run_engine(loaded: specdec.Loaded, ids: list[int], m: Method, cfg: BenchConfig, seed: int, max_new: int,
                oracle: OracleHeads | None = None, continuation: list[int] | None = None, key: int = 0) -> Run:
     if oracle is not None and m.tree is not None:
-        oracle.begin(list(ids) + list(continuation or []), key)
+        on_rounds_thread(loaded, oracle.begin, list(ids) + list(continuation or []), key)
     request = engine_request(m, cfg, ids, seed, max_new)
     marks: list[tuple[float, int]] = []
     _sync(loaded.device)

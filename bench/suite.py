@@ -18,7 +18,7 @@ from .methods import BY_ID, TARGETS, VERSUS_STATIC, Method, select_methods
 from .models import load_target
 from .oracle import OracleHeads
 from .rows import machine_meta, method_row
-from .runners import Run, engine_request, run_method
+from .runners import Run, engine_request, on_rounds_thread, run_method
 
 
 def benchmark(cfg: BenchConfig, loaded: specdec.Loaded | None = None, oracle: OracleHeads | None = None,
@@ -65,7 +65,7 @@ def benchmark(cfg: BenchConfig, loaded: specdec.Loaded | None = None, oracle: Or
         # The dynamic tree sizes itself by the round costs of this machine, measured now, not read
         # from a cache another load (perhaps on a busier machine) wrote. Oracle heads need a reference.
         if oracle is not None:
-            oracle.begin(list(prompts[0]) + list(conts[0]))
+            on_rounds_thread(loaded, oracle.begin, list(prompts[0]) + list(conts[0]))
         # off this thread on a CPU: a torch op here would start a second OpenMP pool (see `runners.run_hf`)
         loaded.engine.set_cost_model(off_the_callers_thread(loaded.device, specdec.cost.measure, loaded.engine))
 
